@@ -1,0 +1,18 @@
+"""tangram_opt: provably good training parallelization plans for heterogeneous GPU clusters.
+
+The layers run one way: specs (hardware, cluster, model, training) -> cost model -> islands and
+candidates -> formulation -> solver backends -> plan -> simulate / export / show.
+"""
+
+from tangram_opt.errors import (FormatError, InfeasibleError, NoSolutionError, SolverUnavailableError, SpecError,
+                                TangramError)
+from tangram_opt.specs import (Cluster, GPUType, MLASpec, ModelSpec, MoESpec, NodeGroup, NodeSpec, TrainingSpec,
+                               ZoneLink, example_clusters, get_gpu_type, load_cluster, make_cluster, register_gpu_type)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TangramError", "SpecError", "FormatError", "InfeasibleError", "NoSolutionError", "SolverUnavailableError",
+    "Cluster", "GPUType", "MLASpec", "ModelSpec", "MoESpec", "NodeGroup", "NodeSpec", "TrainingSpec", "ZoneLink",
+    "example_clusters", "get_gpu_type", "load_cluster", "make_cluster", "register_gpu_type", "__version__",
+]

@@ -1,0 +1,95 @@
+"""Small validators shared by the spec dataclasses.
+
+Each raises :class:`~tangram_opt.errors.SpecError` naming the field, the value and the fix, so a
+mistake in a YAML file or a ``config.json`` never surfaces as a traceback from deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tangram_opt.errors import SpecError
+
+
+def positive_int(field: str, value: Any, *, source: str = "", allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise naming ``field`` if it is not a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and not value.is_integer()
+    ):
+        raise SpecError(field, value, "must be a whole number", "write an integer such as 8", source=source)
+    value = int(value)
+    if value < 0 or (value == 0 and not allow_zero):
+        lowest = "0" if allow_zero else "1"
+        raise SpecError(field, value, f"must be >= {lowest}", f"use a count of at least {lowest}", source=source)
+    return value
+
+
+def positive_float(field: str, value: Any, *, source: str = "", allow_zero: bool = False) -> float:
+    """Return ``value`` as a finite float > 0 (or >= 0), or raise naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field, value, "must be a number", "write a number such as 1.5", source=source)
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SpecError(field, value, f"must be finite and {bound}", "use a positive number", source=source)
+    return value
+
+
+def fraction(field: str, value: Any, *, source: str = "") -> float:
+    """A number in (0, 1]."""
+    value = positive_float(field, value, source=source)
+    if value > 1.0:
+        raise SpecError(field, value, "must be a fraction in (0, 1]", "write e.g. 0.5 for 50%", source=source)
+    return value
+
+
+def one_of(field: str, value: Any, allowed: Iterable[str], *, source: str = "") -> str:
+    """A string among ``allowed`` (compared case-insensitively); returns the canonical spelling."""
+    allowed = list(allowed)
+    if isinstance(value, str):
+        for a in allowed:
+            if a.lower() == value.lower():
+                return a
+    raise SpecError(field, value, "is not a known value", f"use one of {', '.join(allowed)}", source=source)
+
+
+def mapping(field: str, value: Any, *, source: str = "") -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(field, value, f"must be a mapping, not {type(value).__name__}",
+                        "write key: value pairs", source=source)
+    return value
+
+
+def no_unknown_keys(field: str, data: Mapping[str, Any], known: Iterable[str], *, source: str = "") -> None:
+    """Reject typos: a key the schema does not know is an error, not silently ignored."""
+    known = set(known)
+    for key in data:
+        if key not in known:
+            close = sorted(known, key=lambda k: _distance(str(key), k))[:3]
+            raise SpecError(f"{field}.{key}" if field else str(key), data[key], "is not a known field",
+                            f"remove it or use one of: {', '.join(close)}", source=source)
+
+
+def required(field: str, data: Mapping[str, Any], key: str, *, source: str = "", hint: str = "") -> Any:
+    if key not in data or data[key] is None:
+        path = f"{field}.{key}" if field else key
+        raise SpecError(path, None, "is required but missing", hint or f"add '{key}:'", source=source)
+    return data[key]
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance, for 'did you mean' suggestions."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The ``n`` candidates closest to ``name`` (case-insensitive edit distance)."""
+    return sorted(candidates, key=lambda c: _distance(name.lower(), c.lower()))[:n]

@@ -1,0 +1,314 @@
+"""Clusters: groups of identical nodes, zones, and the links between zones.
+
+A :class:`Cluster` is a tuple of :class:`NodeGroup` (``num_nodes`` nodes of one :class:`NodeSpec`
+in one zone) plus :class:`ZoneLink` figures between zones. File fields carry their units in their
+names (``nic_gbps`` is Gb/s per node, ``intra_node_gbs`` GB/s per GPU per direction) and are
+converted once, here, to bytes/s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tangram_opt import units as u
+from tangram_opt.errors import FormatError, SpecError
+from tangram_opt.specs import _check
+from tangram_opt.specs.hardware import GPUType, get_gpu_type, get_link, gpu_type_from_dict
+
+DEFAULT_ZONE = "default"
+#: InfiniBand/RoCE NIC latency used when a file does not give one (typical ~2-5 us per message
+#: for RDMA; we use 5 us to include the NCCL proxy).
+DEFAULT_NIC_LATENCY_S = 5 * u.US
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """The shape of one node: what a homogeneous stage's cost depends on.
+
+    ``intra_node_bw_bytes_per_s`` is per GPU and per direction (what a ring collective inside the
+    node can drive); ``nic_bw_bytes_per_s`` is the node's total scale-out bandwidth per direction.
+    """
+
+    gpu: GPUType
+    gpus_per_node: int
+    intra_node_link: str
+    intra_node_bw_bytes_per_s: float
+    intra_node_latency_s: float
+    nic_bw_bytes_per_s: float
+    nic_latency_s: float = DEFAULT_NIC_LATENCY_S
+
+    @property
+    def nic_bw_per_gpu_bytes_per_s(self) -> float:
+        return self.nic_bw_bytes_per_s / self.gpus_per_node
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpus_per_node}x{self.gpu.name}/{self.intra_node_link}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeGroup:
+    """``num_nodes`` identical nodes in one zone."""
+
+    name: str
+    node: NodeSpec
+    num_nodes: int
+    zone: str = DEFAULT_ZONE
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.node.gpus_per_node
+
+    @property
+    def gpu(self) -> GPUType:
+        return self.node.gpu
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZoneLink:
+    """Aggregate bandwidth (per direction) and latency between two zones."""
+
+    zone_a: str
+    zone_b: str
+    bw_bytes_per_s: float
+    latency_s: float
+
+    def joins(self, a: str, b: str) -> bool:
+        return {a, b} == {self.zone_a, self.zone_b}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """A possibly heterogeneous GPU cluster."""
+
+    name: str
+    node_groups: tuple[NodeGroup, ...]
+    zone_links: tuple[ZoneLink, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.node_groups:
+            raise SpecError("node_groups", [], "must list at least one group of nodes",
+                            "add a node group with gpu, nodes, gpus_per_node and nic_gbps")
+        names = [g.name for g in self.node_groups]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise SpecError("node_groups[].name", sorted(dup)[0], "is used by more than one node group",
+                            "give every node group a distinct name")
+        zones = self.zones
+        for i, a in enumerate(zones):
+            for b in zones[i + 1:]:
+                if self.zone_link(a, b) is None:
+                    raise SpecError("zone_links", [a, b], "no link is given between these two zones",
+                                    f"add a zone_links entry with zones: [{a}, {b}], gbps: and latency_ms:")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.node_groups)
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.zone for g in self.node_groups))
+
+    @property
+    def gpu_types(self) -> tuple[GPUType, ...]:
+        return tuple({g.gpu.name: g.gpu for g in self.node_groups}.values())
+
+    def zone_link(self, a: str, b: str) -> ZoneLink | None:
+        """The link between zones ``a`` and ``b`` (``None`` inside one zone)."""
+        for link in self.zone_links:
+            if link.joins(a, b):
+                return link
+        return None
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        """Sum of dense peaks of every GPU: the denominator of cluster-level MFU."""
+        return sum(g.num_gpus * g.gpu.peak_flops_per_s(precision) for g in self.node_groups)
+
+    def describe(self) -> str:
+        lines = [f"Cluster {self.name!r}: {self.num_gpus} GPUs in {len(self.node_groups)} node group(s)"]
+        for g in self.node_groups:
+            n = g.node
+            lines.append(
+                f"  {g.name:<14} {g.num_nodes:>4} x {n.gpus_per_node} {n.gpu.name:<9} zone={g.zone:<12} "
+                f"intra={n.intra_node_link} {n.intra_node_bw_bytes_per_s / u.GB_PER_S:.0f} GB/s/GPU  "
+                f"nic={n.nic_bw_bytes_per_s / u.GBIT_PER_S:.0f} Gb/s/node  "
+                f"mem={n.gpu.hbm_bytes / u.GiB:.0f} GiB")
+        for link in self.zone_links:
+            lines.append(f"  zone link {link.zone_a} <-> {link.zone_b}: "
+                         f"{link.bw_bytes_per_s / u.GBIT_PER_S:.0f} Gb/s, {link.latency_s / u.MS:.2f} ms")
+        return "\n".join(lines)
+
+    # --- serialization -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """File form (the inverse of :func:`cluster_from_dict`); custom GPU types are embedded."""
+        from tangram_opt.specs.hardware import builtin_gpu_types
+
+        custom = {g.gpu.name: g.gpu for g in self.node_groups if builtin_gpu_types().get(g.gpu.name) != g.gpu}
+        out: dict[str, Any] = {"name": self.name}
+        if self.description:
+            out["description"] = self.description
+        if custom:
+            out["gpu_types"] = [_gpu_to_dict(g) for g in custom.values()]
+        out["node_groups"] = [
+            {"name": g.name, "gpu": g.gpu.name, "nodes": g.num_nodes, "gpus_per_node": g.node.gpus_per_node,
+             "intra_node_link": g.node.intra_node_link,
+             "intra_node_gbs": g.node.intra_node_bw_bytes_per_s / u.GB_PER_S,
+             "intra_node_latency_us": g.node.intra_node_latency_s / u.US,
+             "nic_gbps": g.node.nic_bw_bytes_per_s / u.GBIT_PER_S,
+             "nic_latency_us": g.node.nic_latency_s / u.US, "zone": g.zone}
+            for g in self.node_groups]
+        if self.zone_links:
+            out["zone_links"] = [{"zones": [z.zone_a, z.zone_b], "gbps": z.bw_bytes_per_s / u.GBIT_PER_S,
+                                  "latency_ms": z.latency_s / u.MS} for z in self.zone_links]
+        return out
+
+
+def _gpu_to_dict(g: GPUType) -> dict[str, Any]:
+    return {"name": g.name, "fp16_tflops": g.fp16_flops_per_s / u.TFLOPS,
+            "bf16_tflops": None if g.bf16_flops_per_s is None else g.bf16_flops_per_s / u.TFLOPS,
+            "fp32_tflops": g.fp32_flops_per_s / u.TFLOPS, "memory_gib": g.hbm_bytes / u.GiB,
+            "hbm_gbs": g.hbm_bw_bytes_per_s / u.GB_PER_S, "link": g.default_link, "vendor": g.vendor,
+            "source": g.source, "notes": g.notes}
+
+
+_GROUP_FIELDS = ("name", "gpu", "nodes", "gpus_per_node", "intra_node_link", "intra_node_gbs",
+                 "intra_node_latency_us", "nic_gbps", "nic_latency_us", "zone")
+_CLUSTER_FIELDS = ("name", "description", "gpu_types", "node_groups", "zone_links")
+_ZONE_FIELDS = ("zones", "gbps", "latency_ms")
+
+
+def cluster_from_dict(data: Any, *, source: str = "") -> Cluster:
+    """Build a :class:`Cluster` from its file form, validating every field."""
+    _check.mapping("cluster", data, source=source)
+    _check.no_unknown_keys("", data, _CLUSTER_FIELDS, source=source)
+    name = str(data.get("name") or (Path(source).stem if source else "cluster"))
+    custom: dict[str, GPUType] = {}
+    gpu_list = data.get("gpu_types") or []
+    if not isinstance(gpu_list, list):
+        raise SpecError("gpu_types", gpu_list, "must be a list of GPU type definitions",
+                        "write '- name: ...' entries", source=source)
+    for i, gd in enumerate(gpu_list):
+        g = gpu_type_from_dict(gd, field=f"gpu_types[{i}]", source=source)
+        custom[g.name] = g
+    groups_raw = _check.required("", data, "node_groups", source=source,
+                                 hint="add node_groups: with at least one entry")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        raise SpecError("node_groups", groups_raw, "must be a non-empty list", "add '- gpu: ...' entries",
+                        source=source)
+    groups = tuple(_group_from_dict(g, i, custom, source) for i, g in enumerate(groups_raw))
+    links_raw = data.get("zone_links") or []
+    if not isinstance(links_raw, list):
+        raise SpecError("zone_links", links_raw, "must be a list", "write '- zones: [a, b]' entries", source=source)
+    links = tuple(_zone_link_from_dict(z, i, source) for i, z in enumerate(links_raw))
+    known_zones = {g.zone for g in groups}
+    for i, link in enumerate(links):
+        for z in (link.zone_a, link.zone_b):
+            if z not in known_zones:
+                raise SpecError(f"zone_links[{i}].zones", [link.zone_a, link.zone_b],
+                                f"zone {z!r} has no node group", f"use one of {sorted(known_zones)}", source=source)
+    try:
+        return Cluster(name=name, node_groups=groups, zone_links=links, description=str(data.get("description", "")))
+    except SpecError as e:
+        if source and not e.source:
+            raise SpecError(e.field, e.value, e.problem, e.fix, source=source) from None
+        raise
+
+
+def _group_from_dict(d: Any, i: int, custom: Mapping[str, GPUType], source: str) -> NodeGroup:
+    f = f"node_groups[{i}]"
+    _check.mapping(f, d, source=source)
+    _check.no_unknown_keys(f, d, _GROUP_FIELDS, source=source)
+    gpu = get_gpu_type(_check.required(f, d, "gpu", source=source, hint="add gpu: (e.g. A100-80)"),
+                       field=f"{f}.gpu", extra=custom, source=source)
+    nodes = _check.positive_int(f"{f}.nodes", _check.required(f, d, "nodes", source=source), source=source)
+    per_node = _check.positive_int(f"{f}.gpus_per_node", d.get("gpus_per_node", 8), source=source)
+    link = get_link(d.get("intra_node_link", gpu.default_link), field=f"{f}.intra_node_link", source=source)
+    intra_bw = (_check.positive_float(f"{f}.intra_node_gbs", d["intra_node_gbs"], source=source) * u.GB_PER_S
+                if d.get("intra_node_gbs") is not None else link.bw_bytes_per_s)
+    intra_lat = (_check.positive_float(f"{f}.intra_node_latency_us", d["intra_node_latency_us"], source=source)
+                 * u.US if d.get("intra_node_latency_us") is not None else link.latency_s)
+    nic = _check.positive_float(f"{f}.nic_gbps", _check.required(
+        f, d, "nic_gbps", source=source, hint="add nic_gbps: total scale-out Gb/s per node, e.g. 400"),
+        source=source) * u.GBIT_PER_S
+    nic_lat = (_check.positive_float(f"{f}.nic_latency_us", d["nic_latency_us"], source=source) * u.US
+               if d.get("nic_latency_us") is not None else DEFAULT_NIC_LATENCY_S)
+    zone = d.get("zone", DEFAULT_ZONE)
+    if not isinstance(zone, str) or not zone:
+        raise SpecError(f"{f}.zone", zone, "must be a non-empty string", "name the zone, e.g. us-central1-a",
+                        source=source)
+    spec = NodeSpec(gpu=gpu, gpus_per_node=per_node, intra_node_link=link.name, intra_node_bw_bytes_per_s=intra_bw,
+                    intra_node_latency_s=intra_lat, nic_bw_bytes_per_s=nic, nic_latency_s=nic_lat)
+    name = d.get("name") or f"{gpu.name.lower()}-{i}"
+    return NodeGroup(name=str(name), node=spec, num_nodes=nodes, zone=zone)
+
+
+def _zone_link_from_dict(d: Any, i: int, source: str) -> ZoneLink:
+    f = f"zone_links[{i}]"
+    _check.mapping(f, d, source=source)
+    _check.no_unknown_keys(f, d, _ZONE_FIELDS, source=source)
+    zones = _check.required(f, d, "zones", source=source, hint="add zones: [zone-a, zone-b]")
+    if not isinstance(zones, list) or len(zones) != 2 or zones[0] == zones[1]:
+        raise SpecError(f"{f}.zones", zones, "must name exactly two different zones", "write zones: [a, b]",
+                        source=source)
+    bw = _check.positive_float(f"{f}.gbps", _check.required(f, d, "gbps", source=source), source=source)
+    lat = _check.positive_float(f"{f}.latency_ms", d.get("latency_ms", 1.0), source=source, allow_zero=True)
+    return ZoneLink(zone_a=str(zones[0]), zone_b=str(zones[1]), bw_bytes_per_s=bw * u.GBIT_PER_S,
+                    latency_s=lat * u.MS)
+
+
+def load_structured_file(path: str | Path) -> Any:
+    """Read a YAML or JSON file safely (``yaml.safe_load``), turning parse errors into FormatError."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise FormatError("path", str(path), "file not found", "check the path (relative to the current directory)")
+    text = p.read_text(encoding="utf-8")
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise FormatError("file", str(p), f"is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+                          "fix the JSON syntax") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise FormatError("file", str(p), f"is not valid YAML{where}: {problem}", "fix the YAML syntax") from None
+
+
+_EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "clusters"
+
+
+def example_clusters() -> tuple[str, ...]:
+    """Names of the clusters shipped with the package."""
+    return tuple(sorted(p.stem for p in _EXAMPLES.glob("*.yaml")))
+
+
+def load_cluster(spec: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
+    """A cluster from a file path, a built-in example name, a dict, or a Cluster (returned as is)."""
+    if isinstance(spec, Cluster):
+        return spec
+    if isinstance(spec, Mapping):
+        return cluster_from_dict(spec)
+    path = Path(spec)
+    if not path.is_file() and (_EXAMPLES / f"{spec}.yaml").is_file():
+        path = _EXAMPLES / f"{spec}.yaml"
+    if not path.is_file():
+        raise SpecError("cluster", str(spec), "is neither a file nor a built-in example cluster",
+                        f"give a YAML/JSON path or one of: {', '.join(example_clusters())}")
+    return cluster_from_dict(load_structured_file(path), source=str(path))
+
+
+def make_cluster(name: str, groups: Iterable[Mapping[str, Any]], zone_links: Iterable[Mapping[str, Any]] = ()) -> Cluster:
+    """Python shorthand with the same fields as the file form::
+
+        make_cluster("mine", [dict(gpu="A100-80", nodes=2, nic_gbps=800), dict(gpu="V100-16", nodes=4, nic_gbps=100)])
+    """
+    return cluster_from_dict({"name": name, "node_groups": list(groups), "zone_links": list(zone_links)})

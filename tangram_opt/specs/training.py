@@ -1,0 +1,77 @@
+"""What one training step looks like: batch, sequence, precision and optimizer state sizes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from tangram_opt.errors import SpecError
+from tangram_opt.specs import _check
+from tangram_opt.specs.hardware import PRECISIONS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """One optimizer step over ``global_batch_size`` sequences of ``seq_len`` tokens.
+
+    Bytes per parameter follow the mixed-precision Adam accounting of ZeRO (Rajbhandari et al.,
+    SC'20, Sec. 3.1): 2 bytes of fp16/bf16 weights, 2 bytes of gradients, and K = 12 bytes of
+    optimizer state (fp32 master weights, momentum and variance). For ``precision="fp32"`` the
+    weights and gradients are 4 bytes and the state is 8 bytes (no separate master copy).
+    ``None`` picks those defaults from ``precision``.
+    """
+
+    global_batch_size: int
+    seq_len: int
+    precision: str = "bf16"
+    weight_bytes_per_param: float | None = None
+    grad_bytes_per_param: float | None = None
+    optimizer_bytes_per_param: float | None = None
+
+    def __post_init__(self) -> None:
+        _check.positive_int("training.global_batch_size", self.global_batch_size)
+        _check.positive_int("training.seq_len", self.seq_len)
+        _check.one_of("training.precision", self.precision, PRECISIONS)
+        for fl in ("weight_bytes_per_param", "grad_bytes_per_param", "optimizer_bytes_per_param"):
+            v = getattr(self, fl)
+            if v is not None:
+                _check.positive_float(f"training.{fl}", v, allow_zero=(fl == "optimizer_bytes_per_param"))
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element (2 for 16-bit training, 4 for fp32)."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.weight_bytes_per_param if self.weight_bytes_per_param is not None else self.activation_bytes
+
+    @property
+    def grad_bytes(self) -> float:
+        return self.grad_bytes_per_param if self.grad_bytes_per_param is not None else self.activation_bytes
+
+    @property
+    def optimizer_bytes(self) -> float:
+        if self.optimizer_bytes_per_param is not None:
+            return self.optimizer_bytes_per_param
+        return 8.0 if self.precision == "fp32" else 12.0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def training_from_dict(data: Any, *, source: str = "") -> TrainingSpec:
+    _check.mapping("training", data, source=source)
+    _check.no_unknown_keys("training", data, {f.name for f in fields(TrainingSpec)}, source=source)
+    for key in ("global_batch_size", "seq_len"):
+        _check.required("training", data, key, source=source)
+    try:
+        return TrainingSpec(**data)
+    except SpecError as e:
+        if source and not e.source:
+            raise SpecError(e.field, e.value, e.problem, e.fix, source=source) from None
+        raise
