@@ -7,7 +7,8 @@ mistake in a YAML file or a ``config.json`` never surfaces as a traceback from d
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from tangram_opt.errors import SpecError
@@ -55,6 +56,21 @@ def one_of(field: str, value: Any, allowed: Iterable[str], *, source: str = "") 
     raise SpecError(field, value, "is not a known value", f"use one of {', '.join(allowed)}", source=source)
 
 
+def boolean(field: str, value: Any, *, source: str = "") -> bool:
+    """A real boolean (``true``/``false`` in YAML or JSON); strings like "yes" or numbers are rejected."""
+    if not isinstance(value, bool):
+        raise SpecError(field, value, f"must be true or false, not {type(value).__name__}",
+                        "write true or false without quotes", source=source)
+    return value
+
+
+def text(field: str, value: Any, *, source: str = "") -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(field, value, "must be a non-empty string", "write a name such as my-model", source=source)
+    return value
+
+
 def mapping(field: str, value: Any, *, source: str = "") -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(field, value, f"must be a mapping, not {type(value).__name__}",
@@ -93,3 +109,14 @@ def _distance(a: str, b: str) -> int:
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The ``n`` candidates closest to ``name`` (case-insensitive edit distance)."""
     return sorted(candidates, key=lambda c: _distance(name.lower(), c.lower()))[:n]
+
+
+@contextmanager
+def in_source(source: str) -> Iterator[None]:
+    """Attach ``source`` (a file name) to any :class:`SpecError` raised inside that lacks one."""
+    try:
+        yield
+    except SpecError as e:
+        if source and not e.source:
+            raise type(e)(e.field, e.value, e.problem, e.fix, source=source) from None
+        raise

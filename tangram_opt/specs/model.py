@@ -17,9 +17,14 @@ from tangram_opt.specs import _check
 
 LayerKind = Literal["dense", "moe"]
 LAYER_KINDS: tuple[LayerKind, ...] = ("dense", "moe")
-MLP_TYPES = ("swiglu", "gelu")  # gated (3 matrices) vs plain (2 matrices)
+#: MLP kinds: "swiglu" is gated (gate, up and down matrices: Llama, Mistral, Qwen, DeepSeek); "gelu" and
+#: "relu" are plain two-matrix MLPs (GPT-Neo/GPT-NeoX and OPT respectively). Only the matrix count
+#: matters for parameters and FLOPs.
+MLP_TYPES = ("swiglu", "gelu", "relu")
 NORM_TYPES = ("rmsnorm", "layernorm")  # weight only vs weight + bias
-ATTENTION_BIAS = ("none", "qkv", "all")  # Qwen2 has q/k/v biases only; OPT and GPT-NeoX have all
+#: Which attention projections carry a bias: none (Llama, Mistral, DeepSeek), "qkv" (Qwen2: q, k and v
+#: but not the output), "all" (OPT, GPT-NeoX: q, k, v and output) or "out" (GPT-Neo: output only).
+ATTENTION_BIAS = ("none", "qkv", "all", "out")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
 
@@ -43,13 +48,12 @@ class MoESpec:
 
     def __post_init__(self) -> None:
         f = "moe"
-        _check.positive_int(f"{f}.num_experts", self.num_experts)
-        _check.positive_int(f"{f}.top_k", self.top_k)
-        _check.positive_int(f"{f}.expert_ffn_hidden_size", self.expert_ffn_hidden_size)
-        _check.positive_int(f"{f}.num_shared_experts", self.num_shared_experts, allow_zero=True)
-        _check.positive_int(f"{f}.first_dense_layers", self.first_dense_layers, allow_zero=True)
+        _set_int(self, f, ("num_experts", "top_k", "expert_ffn_hidden_size"))
+        _set_int(self, f, ("num_shared_experts", "first_dense_layers"), allow_zero=True)
         if self.shared_expert_ffn_hidden_size is not None:
-            _check.positive_int(f"{f}.shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size)
+            _set_int(self, f, ("shared_expert_ffn_hidden_size",))
+        _check.boolean(f"{f}.shared_expert_gate", self.shared_expert_gate)
+        _check.boolean(f"{f}.router_bias", self.router_bias)
         if self.top_k > self.num_experts:
             raise SpecError("moe.top_k", self.top_k, f"exceeds num_experts ({self.num_experts})",
                             "top_k is how many experts each token is routed to; it must be <= num_experts")
@@ -73,10 +77,9 @@ class MLASpec:
     q_lora_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for fl in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            _check.positive_int(f"mla.{fl}", getattr(self, fl))
+        _set_int(self, "mla", ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
         if self.q_lora_rank is not None:
-            _check.positive_int("mla.q_lora_rank", self.q_lora_rank)
+            _set_int(self, "mla", ("q_lora_rank",))
 
     @property
     def qk_head_dim(self) -> int:
@@ -103,30 +106,44 @@ class ModelSpec:
     qk_norm: bool = False  # Qwen3: RMSNorm on each query and key head
     position_embedding: str = "rope"
     max_position_embeddings: int = 0  # rows of the learned position table (OPT: max + 2)
+    # Width of the token embedding when it differs from hidden_size (OPT-350M: word_embed_proj_dim
+    # 512 with hidden 1024); the model then has project_in (embedding -> hidden) and project_out
+    # (hidden -> embedding) matrices without bias. None: same as hidden_size.
+    embedding_dim: int | None = None
+    final_norm: bool = True  # False for post-LN OPT (do_layer_norm_before: false), which has no final norm
     architecture: str = "custom"
     moe: MoESpec | None = None
     mla: MLASpec | None = None
 
     def __post_init__(self) -> None:
-        for fl in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
-            _check.positive_int(fl, getattr(self, fl))
+        _check.text("name", self.name)
+        _set_int(self, "", ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"))
+        for fl in ("num_kv_heads", "head_dim", "embedding_dim"):
+            if getattr(self, fl) is not None:
+                _set_int(self, "", (fl,))
+        _set_int(self, "", ("max_position_embeddings",), allow_zero=True)
+        for fl in ("tied_embeddings", "mlp_bias", "qk_norm", "final_norm"):
+            _check.boolean(fl, getattr(self, fl))
+        for fl, allowed in (("mlp_type", MLP_TYPES), ("norm_type", NORM_TYPES), ("attention_bias", ATTENTION_BIAS),
+                            ("position_embedding", POSITION_EMBEDDINGS)):
+            object.__setattr__(self, fl, _check.one_of(fl, getattr(self, fl), allowed))
+        if self.moe is not None and not isinstance(self.moe, MoESpec):
+            raise SpecError("moe", self.moe, "must be a MoESpec", "build it with MoESpec(...) or use model_from_dict")
+        if self.mla is not None and not isinstance(self.mla, MLASpec):
+            raise SpecError("mla", self.mla, "must be a MLASpec", "build it with MLASpec(...) or use model_from_dict")
         if self.num_kv_heads is not None:
-            _check.positive_int("num_kv_heads", self.num_kv_heads)
             if self.num_attention_heads % self.num_kv_heads:
                 raise SpecError("num_kv_heads", self.num_kv_heads,
                                 f"does not divide num_attention_heads ({self.num_attention_heads})",
                                 "grouped-query attention needs heads to be a multiple of KV heads")
-        if self.head_dim is not None:
-            _check.positive_int("head_dim", self.head_dim)
-        elif self.mla is None and self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
             raise SpecError("num_attention_heads", self.num_attention_heads,
                             f"does not divide hidden_size ({self.hidden_size})", "give head_dim explicitly")
-        _check.one_of("mlp_type", self.mlp_type, MLP_TYPES)
-        _check.one_of("norm_type", self.norm_type, NORM_TYPES)
-        _check.one_of("attention_bias", self.attention_bias, ATTENTION_BIAS)
-        _check.one_of("position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
         if self.position_embedding == "learned":
             _check.positive_int("max_position_embeddings", self.max_position_embeddings)
+        if self.mla is not None and self.attention_bias != "none":
+            raise SpecError("attention_bias", self.attention_bias, "is not modelled with multi-head latent attention",
+                            "use attention_bias: none (every released DeepSeek-V2/V3 model has no attention bias)")
         if self.moe is not None and self.moe.first_dense_layers >= self.num_layers:
             raise SpecError("moe.first_dense_layers", self.moe.first_dense_layers,
                             f"leaves no MoE layer among num_layers ({self.num_layers})",
@@ -186,14 +203,19 @@ class ModelSpec:
         bias = 0
         if self.attention_bias in ("qkv", "all"):
             bias += nh * d + 2 * nkv * d
-        if self.attention_bias == "all":
+        if self.attention_bias in ("all", "out"):
             bias += h
         qk_norm = 2 * d if self.qk_norm else 0
         return q + kv + o + bias + qk_norm
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP: 3 when gated (SwiGLU), 2 otherwise."""
+        return 3 if self.mlp_type == "swiglu" else 2
+
     def _mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
-        mats = 3 if self.mlp_type == "swiglu" else 2
+        mats = self.mlp_matrices
         bias = (ffn * (mats - 1) + h) if self.mlp_bias else 0
         return mats * h * ffn + bias
 
@@ -237,15 +259,31 @@ class ModelSpec:
                 + self.shared_expert_params + self.router_params)
 
     @property
+    def embed_dim(self) -> int:
+        """Width of the token embedding and of the LM head's input (hidden_size unless projected)."""
+        return self.embedding_dim or self.hidden_size
+
+    @property
+    def _embed_projection_params(self) -> int:
+        """One of OPT's project_in / project_out matrices (0 when the embedding is hidden_size wide)."""
+        return 0 if self.embed_dim == self.hidden_size else self.embed_dim * self.hidden_size
+
+    @property
     def embedding_params(self) -> int:
-        """Token embedding plus a learned position table if any."""
+        """First-stage parameters: token embedding, learned position table if any, and project_in."""
         pos = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
-        return self.vocab_size * self.hidden_size + pos
+        return self.vocab_size * self.embed_dim + pos + self._embed_projection_params
+
+    @property
+    def lm_head_matmul_params(self) -> int:
+        """Size of the logits matrix multiply (vocab x embedding width), whether tied or not."""
+        return self.vocab_size * self.embed_dim
 
     @property
     def head_params(self) -> int:
-        """Final norm plus the output projection (0 extra when tied to the embedding)."""
-        return self.norm_params + (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
+        """Last-stage parameters: final norm, project_out, and the output projection (0 when tied)."""
+        norm = self.norm_params if self.final_norm else 0
+        return norm + self._embed_projection_params + (0 if self.tied_embeddings else self.lm_head_matmul_params)
 
     @property
     def total_params(self) -> int:
@@ -284,25 +322,32 @@ class ModelSpec:
         return s
 
 
+def _set_int(obj: Any, prefix: str, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+    """Validate integer fields of a frozen dataclass and store them as ``int`` (YAML may give 4096.0)."""
+    for fl in names:
+        path = f"{prefix}.{fl}" if prefix else fl
+        object.__setattr__(obj, fl, _check.positive_int(path, getattr(obj, fl), allow_zero=allow_zero))
+
+
 def model_from_dict(data: Any, *, source: str = "") -> ModelSpec:
-    """Inverse of :meth:`ModelSpec.to_dict`; unknown keys are errors."""
+    """Inverse of :meth:`ModelSpec.to_dict` (the tangram model file form); unknown keys are errors."""
     _check.mapping("model", data, source=source)
-    known = {f.name for f in fields(ModelSpec)}
-    _check.no_unknown_keys("", data, known, source=source)
+    _check.no_unknown_keys("", data, [f.name for f in fields(ModelSpec)], source=source)
     d = dict(data)
-    try:
+    with _check.in_source(source):
         if d.get("moe") is not None:
-            mo = _check.mapping("moe", d["moe"], source=source)
-            _check.no_unknown_keys("moe", mo, {f.name for f in fields(MoESpec)}, source=source)
-            d["moe"] = MoESpec(**mo)
+            d["moe"] = _sub_spec(MoESpec, "moe", d["moe"], ("num_experts", "top_k", "expert_ffn_hidden_size"))
         if d.get("mla") is not None:
-            ml = _check.mapping("mla", d["mla"], source=source)
-            _check.no_unknown_keys("mla", ml, {f.name for f in fields(MLASpec)}, source=source)
-            d["mla"] = MLASpec(**ml)
+            d["mla"] = _sub_spec(MLASpec, "mla", d["mla"],
+                                 ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
         for key in ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
-            _check.required("", d, key, source=source)
+            _check.required("", d, key, hint=f"add '{key}:' (see docs/user_guide/inputs.md)")
         return ModelSpec(**d)
-    except SpecError as e:
-        if source and not e.source:
-            raise SpecError(e.field, e.value, e.problem, e.fix, source=source) from None
-        raise
+
+
+def _sub_spec(cls: type, field: str, data: Any, needed: tuple[str, ...]) -> Any:
+    _check.mapping(field, data)
+    _check.no_unknown_keys(field, data, [f.name for f in fields(cls)])
+    for key in needed:
+        _check.required(field, data, key)
+    return cls(**data)

@@ -1,0 +1,533 @@
+"""Solver backends behind one small protocol.
+
+Every backend takes a :class:`~tangram_opt.solvers.model.LinearModel` and returns a
+:class:`SolveResult` with a :class:`SolveStatus`, the incumbent objective, the dual bound and the
+trajectory of both over time. Solver packages are imported only when a backend is used.
+
+Tolerances are set explicitly: by default a solve stops only when the incumbent is proven optimal
+up to ``rel_gap`` (1e-6) — solver defaults (HiGHS stops at 1e-4, CBC's integer tolerances) would
+otherwise let two backends report different "optima" for the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tangram_opt.errors import SolverUnavailableError, SpecError
+from tangram_opt.solvers.model import LinearModel
+
+
+class SolveStatus(Enum):
+    """Outcome of one solve (never ``None``)."""
+
+    OPTIMAL = "optimal"
+    """The incumbent is proven optimal (gap <= the requested tolerance)."""
+    FEASIBLE = "feasible"
+    """Stopped on the time limit with an incumbent; ``bound`` and ``gap`` say how good it is."""
+    INFEASIBLE = "infeasible"
+    """Proven that no solution exists."""
+    NO_SOLUTION = "no_solution"
+    """Stopped on the time limit before any solution was found (nothing proven)."""
+    ERROR = "error"
+    """The solver failed (numerical trouble, invalid model); ``message`` says why."""
+
+    @property
+    def has_solution(self) -> bool:
+        return self in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressPoint:
+    """Incumbent and dual bound known ``elapsed_s`` seconds into a solve (either may be None)."""
+
+    elapsed_s: float
+    incumbent: float | None
+    bound: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolveOptions:
+    time_limit_s: float = 60.0
+    threads: int = 1
+    seed: int = 0
+    rel_gap: float = 1e-6
+    use_hint: bool = True
+    log: bool = False
+    on_progress: Callable[[ProgressPoint], None] | None = field(default=None, compare=False)
+
+
+@dataclass(slots=True, kw_only=True)
+class SolveResult:
+    status: SolveStatus
+    backend: str
+    objective: float | None = None
+    bound: float | None = None
+    values: list[float] | None = None
+    solve_time_s: float = 0.0
+    trajectory: list[ProgressPoint] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap ``(incumbent - bound) / |incumbent|`` (0 when optimal, None without both)."""
+        if self.status == SolveStatus.OPTIMAL:
+            return 0.0
+        if self.objective is None or self.bound is None:
+            return None
+        return relative_gap(self.objective, self.bound)
+
+
+def relative_gap(incumbent: float, bound: float) -> float:
+    if incumbent == bound:
+        return 0.0
+    return max(0.0, (incumbent - bound) / max(abs(incumbent), 1e-12))
+
+
+class Backend:
+    """Protocol of a solver backend."""
+
+    name: str = "?"
+    needs_integral_model: bool = False
+
+    def available(self) -> bool:
+        raise NotImplementedError
+
+    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+        raise NotImplementedError
+
+
+class _Trajectory:
+    """Records (time, incumbent, bound) points and forwards them to a user callback."""
+
+    def __init__(self, options: SolveOptions):
+        self.t0 = time.perf_counter()
+        self.points: list[ProgressPoint] = []
+        self.cb = options.on_progress
+        self.best: float | None = None
+        self.bound: float | None = None
+
+    def record(self, incumbent: float | None, bound: float | None, elapsed_s: float | None = None) -> None:
+        if incumbent is not None and math.isfinite(incumbent):
+            self.best = incumbent if self.best is None else min(self.best, incumbent)
+        if bound is not None and math.isfinite(bound):
+            self.bound = bound if self.bound is None else max(self.bound, bound)
+        p = ProgressPoint(time.perf_counter() - self.t0 if elapsed_s is None else elapsed_s, self.best, self.bound)
+        if self.points and (self.points[-1].incumbent, self.points[-1].bound) == (p.incumbent, p.bound):
+            return
+        self.points.append(p)
+        if self.cb is not None:
+            self.cb(p)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+# --- CP-SAT --------------------------------------------------------------------------------
+class CpSatBackend(Backend):
+    """OR-Tools CP-SAT on an all-integer model (integer variables and coefficients).
+
+    CP-SAT is exact only on integer data; a model with continuous variables or fractional
+    coefficients is rejected rather than silently rounded.
+    """
+
+    name = "cp-sat"
+    needs_integral_model = True
+
+    def available(self) -> bool:
+        try:
+            from ortools.sat.python import cp_model  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+        from ortools.sat.python import cp_model
+
+        if not model.is_integral:
+            raise SpecError("backend", self.name, "needs an all-integer model (integer variables and coefficients)",
+                            "use scip, highs, cbc or pulp-cbc for models with continuous variables")
+        cp = cp_model.CpModel()
+        big = 2**52
+        xs = []
+        for v in model.vars:
+            lb = -big if math.isinf(v.lb) else int(v.lb)
+            ub = big if math.isinf(v.ub) else int(v.ub)
+            xs.append(cp.new_int_var(lb, ub, v.name))
+        for c in model.constraints:
+            expr = sum(int(a) * xs[i] for i, a in c.coefs.items())
+            lb = cp_model.INT_MIN if math.isinf(c.lb) else int(c.lb)
+            ub = cp_model.INT_MAX if math.isinf(c.ub) else int(c.ub)
+            cp.add_linear_constraint(expr, lb, ub)
+        cp.minimize(sum(int(a) * xs[i] for i, a in model.objective.coefs.items()) + int(model.objective.const))
+        if options.use_hint:
+            for i, val in model.hint.items():
+                cp.add_hint(xs[i], int(round(val)))
+        solver = cp_model.CpSolver()
+        p = solver.parameters
+        p.max_time_in_seconds = float(options.time_limit_s)
+        p.num_workers = max(1, int(options.threads))
+        p.random_seed = int(options.seed)
+        p.relative_gap_limit = float(options.rel_gap)
+        p.absolute_gap_limit = 0.5  # integer objective: a gap below 1 is a proof of optimality
+        p.log_search_progress = bool(options.log)
+        traj = _Trajectory(options)
+
+        class _CB(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:  # noqa: D401 (OR-Tools name)
+                traj.record(self.objective_value, self.best_objective_bound, self.wall_time)
+
+        try:
+            solver.best_bound_callback = lambda b: traj.record(None, b)
+        except AttributeError:  # older OR-Tools
+            pass
+        status = solver.solve(cp, _CB())
+        elapsed = traj.elapsed_s
+        st = {cp_model.OPTIMAL: SolveStatus.OPTIMAL, cp_model.FEASIBLE: SolveStatus.FEASIBLE,
+              cp_model.INFEASIBLE: SolveStatus.INFEASIBLE}.get(status)
+        if st is None:
+            st = SolveStatus.NO_SOLUTION if status == cp_model.UNKNOWN else SolveStatus.ERROR
+        if st.has_solution:
+            obj, bound = solver.objective_value, solver.best_objective_bound
+            traj.record(obj, bound, elapsed)
+            vals = [float(solver.value(x)) for x in xs]
+            return SolveResult(status=st, backend=self.name, objective=obj, bound=bound if st != SolveStatus.OPTIMAL
+                               else obj, values=vals, solve_time_s=elapsed, trajectory=traj.points)
+        bound = solver.best_objective_bound if st == SolveStatus.NO_SOLUTION else None
+        return SolveResult(status=st, backend=self.name, bound=bound, solve_time_s=elapsed, trajectory=traj.points,
+                           message=solver.status_name(status))
+
+
+# --- OR-Tools linear solver wrapper (SCIP, CBC, HiGHS) -------------------------------------
+class LinearSolverBackend(Backend):
+    """A MIP solver through OR-Tools' ``pywraplp`` (SCIP or CBC).
+
+    HiGHS is driven through its own Python API instead (:class:`HighsBackend`): OR-Tools' wrapper
+    crashes on solution hints for HiGHS and ignores HiGHS-specific parameters.
+    """
+
+    def __init__(self, name: str, solver_id: str):
+        self.name = name
+        self.solver_id = solver_id
+
+    def available(self) -> bool:
+        try:
+            from ortools.linear_solver import pywraplp
+        except ImportError:
+            return False
+        return pywraplp.Solver.CreateSolver(self.solver_id) is not None
+
+    def _specific_params(self, options: SolveOptions) -> str:
+        if self.solver_id == "SCIP":
+            return f"randomization/randomseedshift = {options.seed}\nlimits/absgap = 0.5\n"
+        return ""
+
+    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+        from ortools.linear_solver import pywraplp
+
+        s = pywraplp.Solver.CreateSolver(self.solver_id)
+        if s is None:
+            raise SolverUnavailableError(f"OR-Tools was built without {self.solver_id}")
+        inf = s.infinity()
+        xs = [s.IntVar(-inf if math.isinf(v.lb) else v.lb, inf if math.isinf(v.ub) else v.ub, v.name) if v.integer
+              else s.NumVar(-inf if math.isinf(v.lb) else v.lb, inf if math.isinf(v.ub) else v.ub, v.name)
+              for v in model.vars]
+        for c in model.constraints:
+            row = s.RowConstraint(-inf if math.isinf(c.lb) else c.lb, inf if math.isinf(c.ub) else c.ub, c.name)
+            for i, a in c.coefs.items():
+                row.SetCoefficient(xs[i], a)
+        obj = s.Objective()
+        for i, a in model.objective.coefs.items():
+            obj.SetCoefficient(xs[i], a)
+        obj.SetOffset(model.objective.const)
+        obj.SetMinimization()
+        if options.use_hint and model.hint:
+            idx = sorted(model.hint)
+            s.SetHint([xs[i] for i in idx], [model.hint[i] for i in idx])
+        s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))
+        if options.threads > 1 and self.solver_id == "SCIP":
+            s.SetNumThreads(int(options.threads))
+        extra = self._specific_params(options)
+        if extra:
+            s.SetSolverSpecificParametersAsString(extra)
+        if options.log:
+            s.EnableOutput()
+        params = pywraplp.MPSolverParameters()
+        params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, options.rel_gap)
+        traj = _Trajectory(options)
+        status = s.Solve(params)
+        elapsed = traj.elapsed_s
+        if status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            val = obj.Value()
+            bound = obj.BestBound() if any(v.integer for v in model.vars) else val
+            st = SolveStatus.OPTIMAL if status == pywraplp.Solver.OPTIMAL else SolveStatus.FEASIBLE
+            if st == SolveStatus.OPTIMAL and not math.isfinite(bound):
+                bound = val
+            traj.record(val, bound, elapsed)
+            return SolveResult(status=st, backend=self.name, objective=val, bound=bound,
+                               values=[x.solution_value() for x in xs], solve_time_s=elapsed, trajectory=traj.points)
+        if status == pywraplp.Solver.INFEASIBLE:
+            return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed)
+        if status == pywraplp.Solver.NOT_SOLVED:
+            return SolveResult(status=SolveStatus.NO_SOLUTION, backend=self.name, solve_time_s=elapsed,
+                               message="time limit before any solution")
+        return SolveResult(status=SolveStatus.ERROR, backend=self.name, solve_time_s=elapsed,
+                           message=f"pywraplp status {status}")
+
+
+# --- HiGHS (highspy) ------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence C-level stdout (HiGHS prints a banner when constructed)."""
+    try:
+        fd = os.dup(1)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
+class HighsBackend(Backend):
+    """HiGHS through ``highspy`` (its official Python API), with improving-solution and logging
+    callbacks for the trajectory and the greedy plan passed as a starting solution."""
+
+    name = "highs"
+
+    def available(self) -> bool:
+        try:
+            import highspy  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+        import highspy
+        import numpy as np
+
+        inf = highspy.kHighsInf
+        n = len(model.vars)
+        with _quiet_stdout():
+            h = highspy.Highs()
+        h.setOptionValue("output_flag", bool(options.log))
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n, len(model.constraints)
+        cost = np.zeros(n)
+        for i, a in model.objective.coefs.items():
+            cost[i] = a
+        lp.col_cost_ = cost
+        lp.offset_ = model.objective.const
+        lp.col_lower_ = np.array([-inf if math.isinf(v.lb) else v.lb for v in model.vars])
+        lp.col_upper_ = np.array([inf if math.isinf(v.ub) else v.ub for v in model.vars])
+        lp.row_lower_ = np.array([-inf if math.isinf(c.lb) else c.lb for c in model.constraints])
+        lp.row_upper_ = np.array([inf if math.isinf(c.ub) else c.ub for c in model.constraints])
+        cols: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        for r, c in enumerate(model.constraints):
+            for i, a in c.coefs.items():
+                cols[i].append((r, a))
+        start = np.zeros(n + 1, dtype=np.int32)
+        for i, col in enumerate(cols):
+            start[i + 1] = start[i] + len(col)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = start
+        lp.a_matrix_.index_ = np.array([r for col in cols for r, _ in col], dtype=np.int32)
+        lp.a_matrix_.value_ = np.array([a for col in cols for _, a in col], dtype=float)
+        if any(v.integer for v in model.vars):
+            lp.integrality_ = [highspy.HighsVarType.kInteger if v.integer else highspy.HighsVarType.kContinuous
+                               for v in model.vars]
+        h.passModel(lp)
+        for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
+                         ("mip_abs_gap", 0.5 if model.is_integral else 1e-9), ("random_seed", int(options.seed)),
+                         ("threads", max(1, int(options.threads)))):
+            h.setOptionValue(key, val)
+        traj = _Trajectory(options)
+        h.cbMipImprovingSolution.subscribe(lambda e: traj.record(
+            e.data_out.objective_function_value, e.data_out.mip_dual_bound, e.data_out.running_time))
+        h.cbMipLogging.subscribe(lambda e: traj.record(
+            e.data_out.mip_primal_bound, e.data_out.mip_dual_bound, e.data_out.running_time))
+        if options.use_hint and model.hint and len(model.hint) == n:
+            sol = highspy.HighsSolution()
+            sol.col_value = [model.hint[i] for i in range(n)]
+            h.setSolution(sol)
+        h.run()
+        elapsed = traj.elapsed_s
+        ms = h.getModelStatus()
+        info = h.getInfo()
+        has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        if ms == highspy.HighsModelStatus.kInfeasible:
+            return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed)
+        if has_sol:
+            vals = list(h.getSolution().col_value)
+            obj = model.objective.value(vals)
+            optimal = ms == highspy.HighsModelStatus.kOptimal
+            bound = obj if optimal or not any(v.integer for v in model.vars) else _num(str(info.mip_dual_bound))
+            traj.record(obj, bound, elapsed)
+            return SolveResult(status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, backend=self.name,
+                               objective=obj, bound=bound, values=vals, solve_time_s=elapsed, trajectory=traj.points)
+        if ms in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
+            return SolveResult(status=SolveStatus.NO_SOLUTION, backend=self.name, solve_time_s=elapsed,
+                               bound=_num(str(info.mip_dual_bound)), trajectory=traj.points,
+                               message="time limit before any solution")
+        return SolveResult(status=SolveStatus.ERROR, backend=self.name, solve_time_s=elapsed,
+                           message=f"HiGHS status {h.modelStatusToString(ms)}")
+
+
+# --- PuLP + CBC ----------------------------------------------------------------------------
+_CBC_PROGRESS = re.compile(r"Cbc0010I After \d+ nodes, \d+ on tree, (\S+) best solution, best possible (\S+) "
+                           r"\(([\d.]+) seconds\)")
+_CBC_SOLUTION = re.compile(r"Cbc0012I Integer solution of (\S+) found .*\(([\d.]+) seconds\)")
+_CBC_LOWER = re.compile(r"^Lower bound:\s+(\S+)", re.M)
+_CBC_OBJ = re.compile(r"^Objective value:\s+(\S+)", re.M)
+
+
+def _num(s: str) -> float | None:
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and abs(v) < 1e49 else None
+
+
+def _pulp_cbc(**kwargs):  # type: ignore[no-untyped-def]
+    """PuLP's CBC command: the ``cbcbox`` binary (``pulp[cbc]``, PuLP >= 3.3) when installed,
+    else the binary bundled with older PuLP releases (deprecated there, so its warning is muted)."""
+    import warnings
+
+    import pulp
+
+    try:
+        import cbcbox
+
+        return pulp.COIN_CMD(path=cbcbox.cbc_bin_path(), **kwargs)
+    except (ImportError, AttributeError, pulp.PulpSolverError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return pulp.PULP_CBC_CMD(**kwargs)
+
+
+class PulpCbcBackend(Backend):
+    """PuLP driving the CBC command-line solver. Progress and the dual bound are read from CBC's
+    log file (CBC's command-line interface has no callback API)."""
+
+    name = "pulp-cbc"
+
+    def available(self) -> bool:
+        try:
+            return bool(_pulp_cbc(msg=False).available())
+        except ImportError:
+            return False
+
+    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+        import pulp
+
+        prob = pulp.LpProblem(model.name.replace(" ", "_") or "model", pulp.LpMinimize)
+        new_var = getattr(prob, "add_variable", None) or pulp.LpVariable  # PuLP >= 3.3 prefers add_variable
+        xs = [new_var(f"x{v.index}", lowBound=None if math.isinf(v.lb) else v.lb,
+                      upBound=None if math.isinf(v.ub) else v.ub,
+                      cat=pulp.LpInteger if v.integer else pulp.LpContinuous) for v in model.vars]
+        prob += pulp.lpSum(a * xs[i] for i, a in model.objective.coefs.items()) + model.objective.const
+        for k, c in enumerate(model.constraints):
+            expr = pulp.lpSum(a * xs[i] for i, a in c.coefs.items())
+            if c.lb == c.ub:
+                prob += (expr == c.ub, f"c{k}")
+            else:
+                if not math.isinf(c.lb):
+                    prob += (expr >= c.lb, f"c{k}_lo")
+                if not math.isinf(c.ub):
+                    prob += (expr <= c.ub, f"c{k}_up")
+        warm = bool(options.use_hint and model.hint)
+        if warm:
+            for i, val in model.hint.items():
+                xs[i].setInitialValue(val)
+        fd, log_path = tempfile.mkstemp(prefix="tangram_cbc_", suffix=".log")
+        os.close(fd)
+        cmd = _pulp_cbc(msg=bool(options.log), timeLimit=max(1, int(math.ceil(options.time_limit_s))),
+                                threads=max(1, options.threads), gapRel=options.rel_gap, gapAbs=0.5,
+                                warmStart=warm, logPath=log_path, options=[f"randomSeed {options.seed + 1}"])
+        traj = _Trajectory(options)
+        try:
+            prob.solve(cmd)
+            elapsed = traj.elapsed_s
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                log = f.read()
+        finally:
+            try:
+                os.remove(log_path)
+            except OSError:
+                pass
+        for line in log.splitlines():
+            m = _CBC_PROGRESS.search(line)
+            if m:
+                traj.record(_num(m.group(1)), _num(m.group(2)), float(m.group(3)))
+                continue
+            m = _CBC_SOLUTION.search(line)
+            if m:
+                traj.record(_num(m.group(1)), None, float(m.group(2)))
+        sol = prob.sol_status
+        if sol in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            vals = [float(x.value()) if x.value() is not None else 0.0 for x in xs]
+            obj = model.objective.value(vals)
+            lower = _CBC_LOWER.search(log)
+            bound = _num(lower.group(1)) if lower else None
+            optimal = sol == pulp.LpSolutionOptimal and "Stopped" not in log
+            st = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
+            if st == SolveStatus.OPTIMAL or bound is None and st == SolveStatus.OPTIMAL:
+                bound = obj
+            traj.record(obj, bound, elapsed)
+            return SolveResult(status=st, backend=self.name, objective=obj, bound=bound, values=vals,
+                               solve_time_s=elapsed, trajectory=traj.points)
+        if sol == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+            return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed)
+        if sol == pulp.LpSolutionNoSolutionFound:
+            return SolveResult(status=SolveStatus.NO_SOLUTION, backend=self.name, solve_time_s=elapsed,
+                               message="time limit before any solution")
+        return SolveResult(status=SolveStatus.ERROR, backend=self.name, solve_time_s=elapsed,
+                           message=f"PuLP status {pulp.LpStatus.get(prob.status)}")
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in (CpSatBackend(), LinearSolverBackend("scip", "SCIP"), HighsBackend(),
+                        LinearSolverBackend("cbc", "CBC"), PulpCbcBackend())
+}
+DEFAULT_BACKEND = "cp-sat"
+
+
+def get_backend(name: str) -> Backend:
+    key = str(name).strip().lower().replace("_", "-")
+    key = {"cpsat": "cp-sat", "pulp": "pulp-cbc", "pulp+cbc": "pulp-cbc", "ortools-cbc": "cbc"}.get(key, key)
+    if key not in BACKENDS:
+        raise SpecError("backend", name, "is not a known solver backend", f"use one of {', '.join(BACKENDS)}")
+    b = BACKENDS[key]
+    if not b.available():
+        raise SolverUnavailableError(f"backend {key!r} is not installed or not usable on this machine")
+    return b
+
+
+def available_backends() -> list[str]:
+    return [n for n, b in BACKENDS.items() if b.available()]
+
+
+def solve_model(model: LinearModel, backend: str = DEFAULT_BACKEND, options: SolveOptions | None = None) -> SolveResult:
+    """Solve ``model`` with the named backend; the returned solution is re-checked against the model."""
+    b = get_backend(backend)
+    opts = options or SolveOptions()
+    res = b.solve(model, opts)
+    if res.values is not None:
+        bad = model.check(res.values, tol=1e-5)
+        if bad:
+            res.status = SolveStatus.ERROR
+            res.message = f"{b.name} returned a solution that violates the model: {bad[:3]}"
+    return res

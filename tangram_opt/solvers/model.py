@@ -1,0 +1,235 @@
+"""A small, backend-neutral linear model (variables, linear constraints, one objective).
+
+Formulations build a :class:`LinearModel`; backends (:mod:`tangram_opt.solvers.backends`) translate
+it for a concrete solver. Keeping one representation means every backend solves exactly the same
+problem, the model can be written to MPS for any other solver, and a solution can be checked
+independently of the solver that produced it (:meth:`LinearModel.check`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+Number = Union[int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """A decision variable; arithmetic on it builds :class:`LinExpr` objects."""
+
+    index: int
+    name: str
+    lb: float
+    ub: float
+    integer: bool
+
+    def __add__(self, other: object) -> LinExpr:
+        return LinExpr.of(self) + other
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> LinExpr:
+        return LinExpr.of(self) - other
+
+    def __rsub__(self, other: object) -> LinExpr:
+        return (-1) * LinExpr.of(self) + other
+
+    def __mul__(self, k: Number) -> LinExpr:
+        return LinExpr.of(self) * k
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> LinExpr:
+        return LinExpr.of(self) * -1
+
+    def __le__(self, other: object) -> Constraint:  # type: ignore[override]
+        return LinExpr.of(self) <= other
+
+    def __ge__(self, other: object) -> Constraint:  # type: ignore[override]
+        return LinExpr.of(self) >= other
+
+    def __eq__(self, other: object) -> Constraint:  # type: ignore[override]
+        return LinExpr.of(self) == other
+
+    def __hash__(self) -> int:
+        return hash(self.index)
+
+
+class LinExpr:
+    """``sum(coef[i] * x_i) + const`` with coefficients keyed by variable index."""
+
+    __slots__ = ("coefs", "const")
+
+    def __init__(self, coefs: Mapping[int, float] | None = None, const: float = 0.0):
+        self.coefs: dict[int, float] = dict(coefs or {})
+        self.const = float(const)
+
+    @staticmethod
+    def of(x: object) -> LinExpr:
+        if isinstance(x, LinExpr):
+            return x
+        if isinstance(x, Var):
+            return LinExpr({x.index: 1.0})
+        if isinstance(x, (int, float)):
+            return LinExpr(const=float(x))
+        raise TypeError(f"cannot use {type(x).__name__} in a linear expression")
+
+    def copy(self) -> LinExpr:
+        return LinExpr(self.coefs, self.const)
+
+    def add_term(self, var: Var, coef: float) -> LinExpr:
+        """In-place ``self += coef * var`` (fast path for large sums)."""
+        if coef:
+            self.coefs[var.index] = self.coefs.get(var.index, 0.0) + coef
+        return self
+
+    def __add__(self, other: object) -> LinExpr:
+        o = LinExpr.of(other)
+        out = self.copy()
+        for i, c in o.coefs.items():
+            out.coefs[i] = out.coefs.get(i, 0.0) + c
+        out.const += o.const
+        return out
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> LinExpr:
+        return self + LinExpr.of(other) * -1
+
+    def __rsub__(self, other: object) -> LinExpr:
+        return self * -1 + other
+
+    def __mul__(self, k: Number) -> LinExpr:
+        if not isinstance(k, (int, float)):
+            raise TypeError("linear expressions can only be scaled by numbers")
+        return LinExpr({i: c * k for i, c in self.coefs.items()}, self.const * k)
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> LinExpr:
+        return self * -1
+
+    def __le__(self, other: object) -> Constraint:  # type: ignore[override]
+        d = self - other
+        return Constraint(d.coefs, -math.inf, -d.const)
+
+    def __ge__(self, other: object) -> Constraint:  # type: ignore[override]
+        d = self - other
+        return Constraint(d.coefs, -d.const, math.inf)
+
+    def __eq__(self, other: object) -> Constraint:  # type: ignore[override]
+        d = self - other
+        return Constraint(d.coefs, -d.const, -d.const)
+
+    def value(self, x: Sequence[float]) -> float:
+        return self.const + sum(c * x[i] for i, c in self.coefs.items())
+
+
+def lsum(terms: Iterable[object]) -> LinExpr:
+    """Sum of variables/expressions/numbers without quadratic copying."""
+    out = LinExpr()
+    for t in terms:
+        if isinstance(t, Var):
+            out.coefs[t.index] = out.coefs.get(t.index, 0.0) + 1.0
+        else:
+            e = LinExpr.of(t)
+            for i, c in e.coefs.items():
+                out.coefs[i] = out.coefs.get(i, 0.0) + c
+            out.const += e.const
+    return out
+
+
+@dataclass(slots=True)
+class Constraint:
+    """``lb <= sum(coefs[i] * x_i) <= ub``."""
+
+    coefs: dict[int, float]
+    lb: float
+    ub: float
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    rows: int
+    columns: int
+    integer_columns: int
+    binary_columns: int
+    nonzeros: int
+
+
+@dataclass
+class LinearModel:
+    """A minimization MILP. Build with :meth:`add_var`, :meth:`add`, :meth:`minimize`."""
+
+    name: str = "model"
+    vars: list[Var] = field(default_factory=list)
+    constraints: list[Constraint] = field(default_factory=list)
+    objective: LinExpr = field(default_factory=LinExpr)
+    hint: dict[int, float] = field(default_factory=dict)
+
+    def add_var(self, name: str, lb: float = 0.0, ub: float = math.inf, *, integer: bool = False) -> Var:
+        if lb > ub:
+            raise ValueError(f"variable {name}: lb {lb} > ub {ub}")
+        v = Var(len(self.vars), name, float(lb), float(ub), integer)
+        self.vars.append(v)
+        return v
+
+    def add_binary(self, name: str) -> Var:
+        return self.add_var(name, 0, 1, integer=True)
+
+    def add(self, con: Constraint, name: str = "") -> Constraint:
+        if not isinstance(con, Constraint):
+            raise TypeError("add() takes a constraint built with <=, >= or ==")
+        con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
+        con.name = name or f"c{len(self.constraints)}"
+        self.constraints.append(con)
+        return con
+
+    def minimize(self, expr: object) -> None:
+        self.objective = LinExpr.of(expr)
+
+    def set_hint(self, values: Mapping[Var, float]) -> None:
+        """A (partial or complete) starting solution for backends that accept one."""
+        self.hint = {v.index: float(val) for v, val in values.items()}
+
+    @property
+    def is_integral(self) -> bool:
+        """Every variable integer and every coefficient an integer: CP-SAT can take it as is."""
+        def whole(x: float) -> bool:
+            return math.isinf(x) or float(x).is_integer()
+
+        return (all(v.integer and whole(v.lb) and whole(v.ub) for v in self.vars)
+                and all(whole(c) for c in self.objective.coefs.values())
+                and all(whole(c) and whole(k.lb) and whole(k.ub) for k in self.constraints for c in k.coefs.values()))
+
+    def stats(self) -> ModelStats:
+        ints = sum(v.integer for v in self.vars)
+        bins = sum(v.integer and v.lb == 0 and v.ub == 1 for v in self.vars)
+        return ModelStats(rows=len(self.constraints), columns=len(self.vars), integer_columns=ints,
+                          binary_columns=bins, nonzeros=sum(len(c.coefs) for c in self.constraints))
+
+    def check(self, x: Sequence[float], *, tol: float = 1e-6) -> list[str]:
+        """Violations of bounds, integrality and constraints by ``x`` (empty when feasible)."""
+        out = []
+        for v in self.vars:
+            val = x[v.index]
+            if val < v.lb - tol or val > v.ub + tol:
+                out.append(f"{v.name} = {val} outside [{v.lb}, {v.ub}]")
+            if v.integer and abs(val - round(val)) > tol:
+                out.append(f"{v.name} = {val} is not integral")
+        for k in self.constraints:
+            act = sum(c * x[i] for i, c in k.coefs.items())
+            scale = max(1.0, abs(k.lb) if math.isfinite(k.lb) else 0.0, abs(k.ub) if math.isfinite(k.ub) else 0.0)
+            if act < k.lb - tol * scale or act > k.ub + tol * scale:
+                out.append(f"{k.name}: {act} not in [{k.lb}, {k.ub}]")
+        return out
+
+    def write_mps(self, path: str) -> None:
+        """Write the model in free MPS format (readable by SCIP, HiGHS, CBC, Gurobi, ...)."""
+        from tangram_opt.solvers.mps import write_mps
+
+        write_mps(self, path)

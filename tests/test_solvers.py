@@ -1,0 +1,125 @@
+"""The backend-neutral model and every installed backend agree on small MILPs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tangram_opt.errors import SpecError
+from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, available_backends, get_backend, lsum,
+                                 solve_model)
+
+BACKENDS = available_backends()
+
+
+def knapsack(weights, values, cap):
+    m = LinearModel("knapsack")
+    xs = [m.add_binary(f"x{i}") for i in range(len(weights))]
+    m.add(lsum(w * x for w, x in zip(weights, xs)) <= cap, "cap")
+    m.minimize(lsum(-v * x for v, x in zip(values, xs)))
+    return m, xs
+
+
+def brute_knapsack(weights, values, cap):
+    best = 0
+    for pick in itertools.product((0, 1), repeat=len(weights)):
+        if sum(w * p for w, p in zip(weights, pick)) <= cap:
+            best = max(best, sum(v * p for v, p in zip(values, pick)))
+    return -best
+
+
+def test_all_five_backends_are_installed():
+    assert set(BACKENDS) == {"cp-sat", "scip", "highs", "cbc", "pulp-cbc"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_backends_find_the_brute_force_optimum(backend, seed):
+    import random
+
+    rng = random.Random(seed)
+    w = [rng.randint(1, 20) for _ in range(10)]
+    v = [rng.randint(1, 30) for _ in range(10)]
+    cap = sum(w) // 2
+    m, _ = knapsack(w, v, cap)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=20))
+    assert res.status == SolveStatus.OPTIMAL
+    assert res.objective == pytest.approx(brute_knapsack(w, v, cap))
+    assert res.bound == pytest.approx(res.objective)
+    assert res.gap == 0.0
+    assert m.check(res.values) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_infeasible_is_reported(backend):
+    m = LinearModel("infeasible")
+    x = m.add_var("x", 0, 10, integer=True)
+    y = m.add_var("y", 0, 10, integer=True)
+    m.add(x + y >= 15)
+    m.add(x + y <= 12)
+    m.minimize(x)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=5))
+    assert res.status == SolveStatus.INFEASIBLE
+    assert res.values is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hint_is_accepted_and_equalities_and_ranges_work(backend):
+    m = LinearModel("ranges")
+    x = m.add_var("x", 0, 20, integer=True)
+    y = m.add_var("y", 0, 20, integer=True)
+    m.add(x + 2 * y == 14)
+    c = m.add(x - y >= -3)
+    c.ub = 5  # a ranged row
+    m.minimize(3 * x + y + 7)
+    m.set_hint({x: 4, y: 5})
+    res = solve_model(m, backend, SolveOptions(time_limit_s=5))
+    # x + 2y = 14 with x even: (0,7) and (2,6) break x - y >= -3; (4,5) costs 12 + 5 + 7 = 24
+    assert res.status == SolveStatus.OPTIMAL
+    assert res.objective == pytest.approx(24)
+    assert [round(v) for v in res.values] == [4, 5]
+
+
+def test_cp_sat_rejects_fractional_models():
+    m = LinearModel("frac")
+    x = m.add_var("x", 0, 1)
+    m.minimize(0.5 * x)
+    with pytest.raises(SpecError, match="all-integer"):
+        solve_model(m, "cp-sat")
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(SpecError, match="pulp-cbc"):
+        get_backend("gurobi")
+
+
+def test_check_reports_violations():
+    m, xs = knapsack([5, 5], [1, 1], 6)
+    assert m.check([1.0, 1.0]) and "cap" in m.check([1.0, 1.0])[0]
+    assert m.check([0.5, 0.0]) == ["x0 = 0.5 is not integral"]
+
+
+def test_mps_round_trip_gives_the_same_optimum(tmp_path):
+    import highspy
+
+    m, _ = knapsack([3, 4, 5, 9, 2], [4, 5, 7, 10, 3], 12)
+    m.objective.const = 2.5
+    path = tmp_path / "k.mps"
+    m.write_mps(str(path))
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.readModel(str(path))
+    h.run()
+    assert h.getInfo().objective_function_value == pytest.approx(-16 + 2.5)
+
+
+def test_trajectory_is_monotone_and_ends_at_the_result():
+    m, _ = knapsack(list(range(1, 25)), [i * 7 % 13 + 1 for i in range(24)], 60)
+    seen = []
+    res = solve_model(m, "cp-sat", SolveOptions(time_limit_s=10, on_progress=seen.append))
+    assert res.trajectory and seen == res.trajectory
+    incs = [p.incumbent for p in res.trajectory if p.incumbent is not None]
+    bounds = [p.bound for p in res.trajectory if p.bound is not None]
+    assert incs == sorted(incs, reverse=True) and bounds == sorted(bounds)
+    assert incs[-1] == res.objective
