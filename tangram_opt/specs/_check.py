@@ -16,6 +16,9 @@ from tangram_opt.errors import SpecError
 
 def positive_int(field: str, value: Any, *, source: str = "", allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise naming ``field`` if it is not a positive integer."""
+    if isinstance(value, str):
+        fix = f"write {value.strip()} without quotes" if value.strip().isdigit() else "write an integer such as 8"
+        raise SpecError(field, value, "must be a whole number, not a string", fix, source=source)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
         isinstance(value, float) and not value.is_integer()
     ):
@@ -109,6 +112,12 @@ def _distance(a: str, b: str) -> int:
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The ``n`` candidates closest to ``name`` (case-insensitive edit distance)."""
     return sorted(candidates, key=lambda c: _distance(name.lower(), c.lower()))[:n]
+
+
+def near_misses(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """Like :func:`closest`, but only candidates within a third of ``name``'s length (typos, not guesses)."""
+    limit = max(2, len(name) // 3)
+    return [c for c in closest(name, candidates, n) if _distance(name.lower(), c.lower()) <= limit]
 
 
 @contextmanager

@@ -8,15 +8,15 @@ converted once, here, to bytes/s.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tangram_opt import units as u
-from tangram_opt.errors import FormatError, SpecError
+from tangram_opt.errors import SpecError
 from tangram_opt.specs import _check
+from tangram_opt.specs._io import load_structured_file
 from tangram_opt.specs.hardware import GPUType, get_gpu_type, get_link, gpu_type_from_dict
 
 DEFAULT_ZONE = "default"
@@ -94,11 +94,13 @@ class Cluster:
         if not self.node_groups:
             raise SpecError("node_groups", [], "must list at least one group of nodes",
                             "add a node group with gpu, nodes, gpus_per_node and nic_gbps")
-        names = [g.name for g in self.node_groups]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise SpecError("node_groups[].name", sorted(dup)[0], "is used by more than one node group",
-                            "give every node group a distinct name")
+        first_index: dict[str, int] = {}
+        for i, g in enumerate(self.node_groups):
+            if g.name in first_index:
+                raise SpecError(f"node_groups[{i}].name", g.name,
+                                f"is already the name of node_groups[{first_index[g.name]}]",
+                                "give every node group a distinct name (islands and plans refer to groups by name)")
+            first_index[g.name] = i
         zones = self.zones
         for i, a in enumerate(zones):
             for b in zones[i + 1:]:
@@ -261,28 +263,6 @@ def _zone_link_from_dict(d: Any, i: int, source: str) -> ZoneLink:
                     latency_s=lat * u.MS)
 
 
-def load_structured_file(path: str | Path) -> Any:
-    """Read a YAML or JSON file safely (``yaml.safe_load``), turning parse errors into FormatError."""
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise FormatError("path", str(path), "file not found", "check the path (relative to the current directory)")
-    text = p.read_text(encoding="utf-8")
-    try:
-        if p.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise FormatError("file", str(p), f"is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
-                          "fix the JSON syntax") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise FormatError("file", str(p), f"is not valid YAML{where}: {problem}", "fix the YAML syntax") from None
-
-
 _EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "clusters"
 
 
@@ -297,6 +277,9 @@ def load_cluster(spec: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
         return spec
     if isinstance(spec, Mapping):
         return cluster_from_dict(spec)
+    if not isinstance(spec, (str, Path)):
+        raise SpecError("cluster", spec, f"cannot be read from a {type(spec).__name__}",
+                        "give a YAML/JSON path, an example name, a dict or a Cluster")
     path = Path(spec)
     if not path.is_file() and (_EXAMPLES / f"{spec}.yaml").is_file():
         path = _EXAMPLES / f"{spec}.yaml"
@@ -306,9 +289,19 @@ def load_cluster(spec: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
     return cluster_from_dict(load_structured_file(path), source=str(path))
 
 
-def make_cluster(name: str, groups: Iterable[Mapping[str, Any]], zone_links: Iterable[Mapping[str, Any]] = ()) -> Cluster:
-    """Python shorthand with the same fields as the file form::
+def make_cluster(name: str, groups: Iterable[Mapping[str, Any]], zone_links: Iterable[Mapping[str, Any]] = (), *,
+                 description: str = "", gpu_types: Iterable[Mapping[str, Any] | GPUType] = ()) -> Cluster:
+    """Python shorthand with the same fields (and units) as the file form::
 
         make_cluster("mine", [dict(gpu="A100-80", nodes=2, nic_gbps=800), dict(gpu="V100-16", nodes=4, nic_gbps=100)])
+
+    ``gpu_types`` takes custom GPU definitions, either in file form (``fp16_tflops``, ``memory_gib``...)
+    or as :class:`GPUType` objects.
     """
-    return cluster_from_dict({"name": name, "node_groups": list(groups), "zone_links": list(zone_links)})
+    data: dict[str, Any] = {"name": name, "node_groups": list(groups), "zone_links": list(zone_links)}
+    if description:
+        data["description"] = description
+    custom = [_gpu_to_dict(g) if isinstance(g, GPUType) else g for g in gpu_types]
+    if custom:
+        data["gpu_types"] = custom
+    return cluster_from_dict(data)

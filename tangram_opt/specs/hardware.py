@@ -222,8 +222,8 @@ def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", sou
     """Build a user GPU type from file fields (TFLOPS, GiB/GB, GB/s); converts units once here."""
     _check.mapping(field, data, source=source)
     _check.no_unknown_keys(field, data, _GPU_FIELDS, source=source)
-    name = _check.required(field, data, "name", source=source)
-    f = f"{field}.{name}"
+    name = _check.text(f"{field}.name", _check.required(field, data, "name", source=source), source=source)
+    f = field  # index-based path (gpu_types[0].memory_gib): the name may itself be the mistake
     half = _check.positive_float(f"{f}.fp16_tflops", _check.required(f, data, "fp16_tflops", source=source),
                                  source=source)
     bf16 = data.get("bf16_tflops", half)

@@ -292,9 +292,21 @@ class ModelSpec:
 
     @property
     def active_params(self) -> int:
+        """Every parameter one token touches, embedding tables included (Mistral's and Qwen's convention)."""
         return (self.embedding_params + self.head_params
                 + sum(self.layers_of_kind(k) * self.layer_active_params(k)
                       for k in LAYER_KINDS if self.layers_of_kind(k)))
+
+    @property
+    def active_compute_params(self) -> int:
+        """Active parameters that enter a matrix multiply: :attr:`active_params` without the input
+        embedding tables (token and learned position), of which a token reads one row. A tied embedding
+        still counts once, as the LM head. This is N in the 6 N D FLOPs rule, and the convention DeepSeek's
+        published "activated parameters" follow (V2 21B, V2-Lite 2.4B, V3 37B; with the embedding table
+        V2-Lite would be 2.66B)."""
+        pos = self.max_position_embeddings * self.hidden_size if self.position_embedding == "learned" else 0
+        token_table = 0 if self.tied_embeddings else self.vocab_size * self.embed_dim
+        return self.active_params - token_table - pos
 
     # --- misc -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tangram_opt.errors import SpecError
 from tangram_opt.specs import _check
+from tangram_opt.specs._io import load_structured_file
 from tangram_opt.specs.hardware import PRECISIONS
+
+if TYPE_CHECKING:
+    from tangram_opt.specs.cluster import Cluster
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,9 +35,9 @@ class TrainingSpec:
     optimizer_bytes_per_param: float | None = None
 
     def __post_init__(self) -> None:
-        _check.positive_int("training.global_batch_size", self.global_batch_size)
-        _check.positive_int("training.seq_len", self.seq_len)
-        _check.one_of("training.precision", self.precision, PRECISIONS)
+        for fl in ("global_batch_size", "seq_len"):
+            object.__setattr__(self, fl, _check.positive_int(f"training.{fl}", getattr(self, fl)))
+        object.__setattr__(self, "precision", _check.one_of("training.precision", self.precision, PRECISIONS))
         for fl in ("weight_bytes_per_param", "grad_bytes_per_param", "optimizer_bytes_per_param"):
             v = getattr(self, fl)
             if v is not None:
@@ -65,13 +71,40 @@ class TrainingSpec:
 
 
 def training_from_dict(data: Any, *, source: str = "") -> TrainingSpec:
+    """A :class:`TrainingSpec` from its file form (the fields of the dataclass); unknown keys are errors."""
     _check.mapping("training", data, source=source)
-    _check.no_unknown_keys("training", data, {f.name for f in fields(TrainingSpec)}, source=source)
-    for key in ("global_batch_size", "seq_len"):
-        _check.required("training", data, key, source=source)
-    try:
+    _check.no_unknown_keys("training", data, [f.name for f in fields(TrainingSpec)], source=source)
+    with _check.in_source(source):
+        for key in ("global_batch_size", "seq_len"):
+            _check.required("training", data, key, hint=f"add '{key}:' (an integer)")
         return TrainingSpec(**data)
-    except SpecError as e:
-        if source and not e.source:
-            raise SpecError(e.field, e.value, e.problem, e.fix, source=source) from None
-        raise
+
+
+def load_training(spec: str | Path | Mapping[str, Any] | TrainingSpec) -> TrainingSpec:
+    """A training spec from a YAML/JSON file path, a dict, or a TrainingSpec (returned as is).
+
+    A file may hold the fields at its top level or under a single ``training:`` key.
+    """
+    if isinstance(spec, TrainingSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return training_from_dict(spec)
+    if not isinstance(spec, (str, Path)):
+        raise SpecError("training", spec, f"cannot be read from a {type(spec).__name__}",
+                        "give a YAML/JSON path, a dict or a TrainingSpec")
+    data = load_structured_file(spec)
+    if isinstance(data, Mapping) and list(data) == ["training"]:
+        data = data["training"]
+    return training_from_dict(data, source=str(spec))
+
+
+def check_precision(training: TrainingSpec, cluster: Cluster) -> None:
+    """Raise if a GPU type of ``cluster`` cannot train in ``training.precision`` (bf16 on V100, Turing)."""
+    for group in cluster.node_groups:
+        if not group.gpu.supports(training.precision):
+            raise SpecError("training.precision", training.precision,
+                            f"node group {group.name!r} has {group.gpu.name} GPUs, which have no BF16 tensor cores",
+                            "train in fp16 (precision: fp16) or leave those nodes out of the cluster")
+
+
+__all__ = ["TrainingSpec", "check_precision", "load_training", "training_from_dict"]
