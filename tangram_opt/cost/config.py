@@ -26,7 +26,9 @@ class StageConfig:
     ``tp * cp * dp`` GPUs run the stage. Expert parallelism carves ``ep`` expert groups out of the
     ``dp * cp`` ranks (Megatron-core), so ``ep`` divides ``dp * cp``. ``micro_batch_size`` is per
     data-parallel rank; the pipeline micro-batch that flows between stages is ``dp * micro_batch_size``
-    sequences.
+    sequences. ``sequence_parallel`` (Korthikanti et al. 2022) shards norms, dropout and residuals
+    over the TP ranks and replaces each TP all-reduce by a reduce-scatter plus an all-gather; it
+    only matters when ``tp > 1``.
     """
 
     tp: int = 1
@@ -36,6 +38,7 @@ class StageConfig:
     zero: int = 0
     recompute: str = "none"
     micro_batch_size: int = 1
+    sequence_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "dp", "ep", "micro_batch_size"):
@@ -44,6 +47,9 @@ class StageConfig:
                 raise SpecError(f"stage.{name}", v, "must be an integer >= 1", f"set {name} to 1 or more")
         if self.zero not in ZERO_STAGES:
             raise SpecError("stage.zero", self.zero, "is not a ZeRO stage", "use 0, 1, 2 or 3")
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError("stage.sequence_parallel", self.sequence_parallel, "must be true or false",
+                            "set sequence_parallel to True or False")
         if self.recompute not in RECOMPUTE_MODES:
             raise SpecError("stage.recompute", self.recompute, "is not a recomputation mode",
                             f"use one of {', '.join(RECOMPUTE_MODES)}")
@@ -62,7 +68,7 @@ class StageConfig:
 
     @property
     def label(self) -> str:
-        parts = [f"tp{self.tp}"]
+        parts = [f"tp{self.tp}" + ("" if self.sequence_parallel or self.tp == 1 else "nosp")]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
         parts.append(f"dp{self.dp}")
@@ -87,8 +93,9 @@ class LayerCost:
     - ``activation_bytes``: memory kept per in-flight micro-batch until its backward.
     - ``transient_bytes``: peak scratch needed while this layer runs (e.g. logits, ZeRO-3 gathered
       weights), not multiplied by the in-flight count.
-    - ``grad_sync_time_s``: data-parallel gradient synchronization per step not hidden by compute.
-    - ``optimizer_time_s``: optimizer update per step.
+    - ``grad_sync_time_s``: data-parallel gradient synchronization per step not hidden by compute
+      (the part of this layer's reduction that outlasts its own backward; additive over layers).
+    - ``optimizer_time_s``: optimizer update per step of this layer's shard (additive over layers).
     - ``model_flops``: useful forward+backward FLOPs of one micro-batch (no recomputation), per GPU.
     """
 

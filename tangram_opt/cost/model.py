@@ -1,245 +1,456 @@
-"""Analytical cost model of one homogeneous stage (first version; see docs/cost_model.md).
+"""Analytical cost model of one homogeneous pipeline stage (see docs/cost_model.md).
 
 Inputs are specs only (model, training, node shape, stage configuration); outputs are
-:class:`~tangram_opt.cost.config.LayerCost` records in seconds and bytes.
+:class:`~tangram_opt.cost.config.LayerCost` records in seconds and bytes, per pipeline micro-batch
+and per GPU. The pieces:
+
+- :mod:`~tangram_opt.cost.flops`: the operation inventory (FLOPs, bytes, kernels) of each layer;
+- :mod:`~tangram_opt.cost.memory`: ZeRO model states and Korthikanti activations;
+- :mod:`~tangram_opt.cost.comm`: alpha-beta collectives with NCCL factors and node placement;
+- :mod:`~tangram_opt.cost.calibration`: achievable fractions of the datasheet peaks;
+- :mod:`~tangram_opt.cost.profiles`: measured per-layer times that replace computed compute time.
+
+Overlap policy (what counts on the critical path):
+
+- tensor-parallel all-reduces / reduce-scatters / all-gathers: exposed (Megatron-LM default, no
+  TP communication overlap);
+- context-parallel KV ring exchange: overlapped with the attention core of the same pass, only the
+  excess is exposed (ring attention, Liu et al. 2023; Megatron-core CP);
+- expert-parallel all-to-all (dispatch and combine, forward and backward): exposed;
+- ZeRO-3 parameter all-gathers (forward and backward) and gradient reduce-scatters: prefetched and
+  overlapped with the same pass's compute, only the excess is exposed;
+- data-parallel gradient reduction (all-reduce for ZeRO-0, reduce-scatter for ZeRO-1/2): bucketed and
+  overlapped with the last micro-batch's backward (Megatron ``--overlap-grad-reduce``). Per layer,
+  the exposed part is ``max(0, reduce time - backward compute time of the layer)``: the reduction of
+  one layer's bucket hides behind the backward of the layers before it. The ZeRO-1/2 parameter
+  all-gather after the optimizer overlaps the next step's forward the same way
+  (``--overlap-param-gather``). Both go to ``grad_sync_time_s``;
+- the optimizer update (memory-bound Adam over this GPU's shard) is exposed: ``optimizer_time_s``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from tangram_opt import units as u
+from tangram_opt.cost import comm, flops, memory
+from tangram_opt.cost.calibration import Calibration
 from tangram_opt.cost.config import LayerCost, StageConfig
-from tangram_opt.specs.cluster import NodeSpec, ZoneLink
+from tangram_opt.cost.flops import ATTENTION_KERNELS, LayerShape, Op
+from tangram_opt.cost.profiles import LayerProfile, ProfileSet
+from tangram_opt.errors import SpecError
+from tangram_opt.specs.cluster import NodeSpec
 from tangram_opt.specs.model import LayerKind, ModelSpec
 from tangram_opt.specs.training import TrainingSpec
 
+#: How fp32 matmuls run: "ieee" on CUDA cores (PyTorch's default on Ampere and later since 1.12),
+#: or "tf32" on tensor cores at half the 16-bit tensor peak (A100: 156 of 312 TFLOP/s; H100: 494
+#: of 989), on GPUs that have TF32 (those with BF16 tensor cores).
+FP32_MATMUL_MODES = ("ieee", "tf32")
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Calibration:
-    """Achievable fractions of datasheet peaks, per GPU type name (``"*"`` is the default)."""
 
-    matmul_efficiency: dict[str, float] = field(default_factory=lambda: {"*": 0.55})
-    memory_efficiency: dict[str, float] = field(default_factory=lambda: {"*": 0.8})
-    network_efficiency: float = 0.8
-    memory_reserve_fraction: float = 0.08
-    memory_reserve_bytes: float = 1.5 * u.GiB
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    gemm_flops_per_s: float
+    attn_flops_per_s: float
+    mem_bytes_per_s: float
+    overhead_s: float
 
-    def matmul(self, gpu_name: str) -> float:
-        return self.matmul_efficiency.get(gpu_name, self.matmul_efficiency.get("*", 0.55))
-
-    def memory(self, gpu_name: str) -> float:
-        return self.memory_efficiency.get(gpu_name, self.memory_efficiency.get("*", 0.8))
+    def time_s(self, ops: Iterable[Op]) -> float:
+        total = 0.0
+        for op in ops:
+            if op.unit == "memory":
+                t = op.bytes / self.mem_bytes_per_s
+            else:
+                rate = self.gemm_flops_per_s if op.unit == "gemm" else self.attn_flops_per_s
+                t = max(op.flops / rate, op.bytes / self.mem_bytes_per_s)
+            total += t + op.kernels * self.overhead_s
+        return total
 
 
 class CostModel:
-    """Per-layer time and memory of a stage configuration on a node shape."""
+    """Per-layer time and memory of a stage configuration on a node shape.
+
+    Keyword options (all optional):
+
+    - ``calibration``: achievable fractions of peak (:class:`Calibration`, documented defaults);
+    - ``moe_load_imbalance``: max/mean tokens per EP rank (>= 1); the slowest rank sets the time;
+    - ``profiles``: measured per-layer times (:class:`ProfileSet`, a :class:`LayerProfile` or a list)
+      that replace the computed compute time on matching GPU types;
+    - ``attention_kernel``: "auto" (flash in 16-bit, eager in fp32), "flash", "fused-softmax", "eager";
+    - ``fp32_matmul``: "ieee" or "tf32", for ``precision="fp32"`` only;
+    - ``dropout``: whether the model trains with dropout (Korthikanti's formulas assume it; most
+      current LLMs, e.g. Llama, do not).
+    """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, *, calibration: Calibration | None = None,
-                 moe_load_imbalance: float = 1.0):
+                 moe_load_imbalance: float = 1.0, profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None
+                 = None, attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool = True):
+        if not (moe_load_imbalance >= 1.0 and moe_load_imbalance < float("inf")):
+            raise SpecError("moe_load_imbalance", moe_load_imbalance, "must be a finite ratio >= 1",
+                            "pass max/mean tokens per expert-parallel rank (1.0 = uniform)")
+        if attention_kernel != "auto" and attention_kernel not in ATTENTION_KERNELS:
+            raise SpecError("attention_kernel", attention_kernel, "is not an attention kernel",
+                            f"use auto or one of {', '.join(ATTENTION_KERNELS)}")
+        if fp32_matmul not in FP32_MATMUL_MODES:
+            raise SpecError("fp32_matmul", fp32_matmul, "is not a mode", f"use one of {', '.join(FP32_MATMUL_MODES)}")
         self.model = model
         self.training = training
         self.calibration = calibration or Calibration()
-        self.moe_load_imbalance = moe_load_imbalance
+        self.moe_load_imbalance = float(moe_load_imbalance)
+        if profiles is None:
+            self.profiles = ProfileSet()
+        elif isinstance(profiles, ProfileSet):
+            self.profiles = profiles
+        elif isinstance(profiles, LayerProfile):
+            self.profiles = ProfileSet([profiles])
+        else:
+            self.profiles = ProfileSet(profiles)
+        if attention_kernel == "auto":
+            attention_kernel = "eager" if training.precision == "fp32" else "flash"
+        self.attention_kernel = attention_kernel
+        self.fp32_matmul = fp32_matmul
+        self.dropout = bool(dropout)
+        self._params = {k: flops.layer_params(model, k) for k in ("dense", "moe") if model.layers_of_kind(k)}
+        self._cache: dict[tuple, LayerCost] = {}
 
-    # --- validity --------------------------------------------------------------------------
+    # --- validity --------------------------------------------------------------------------------
     def check_config(self, node: NodeSpec, cfg: StageConfig) -> list[str]:
         """Reasons ``cfg`` is not valid for this model on this node shape (empty when valid)."""
-        m, problems = self.model, []
+        m, t, problems = self.model, self.training, []
         if m.num_attention_heads % cfg.tp:
             problems.append(f"tp({cfg.tp}) does not divide attention heads ({m.num_attention_heads})")
         if m.mla is None and m.kv_heads % cfg.tp:
             problems.append(f"tp({cfg.tp}) does not divide KV heads ({m.kv_heads})")
+        if m.num_dense_layers and m.ffn_hidden_size % cfg.tp:
+            problems.append(f"tp({cfg.tp}) does not divide ffn_hidden_size ({m.ffn_hidden_size})")
+        if m.moe is not None and m.moe.expert_ffn_hidden_size % cfg.tp:
+            problems.append(f"tp({cfg.tp}) does not divide expert_ffn_hidden_size ({m.moe.expert_ffn_hidden_size})")
         if cfg.tp > node.gpus_per_node:
-            problems.append(f"tp({cfg.tp}) exceeds GPUs per node ({node.gpus_per_node})")
-        if self.training.seq_len % (2 * cfg.cp) and cfg.cp > 1:
-            problems.append(f"seq_len ({self.training.seq_len}) is not divisible by 2 x cp({cfg.cp})")
+            problems.append(f"tp({cfg.tp}) exceeds GPUs per node ({node.gpus_per_node}) of {node.label}")
+        g, n = cfg.gpus, node.gpus_per_node
+        if (g > n and g % n) or (g < n and n % g):
+            problems.append(f"tp({cfg.tp}) x cp({cfg.cp}) x dp({cfg.dp}) = {g} GPUs is neither a multiple nor a "
+                            f"divisor of the {n} GPUs per node of {node.label}")
+        if cfg.cp > 1 and t.seq_len % (2 * cfg.cp):
+            problems.append(f"seq_len ({t.seq_len}) is not divisible by 2 x cp({cfg.cp}) (load-balanced causal CP)")
         if m.moe is None and cfg.ep > 1:
             problems.append(f"ep({cfg.ep}) > 1 on a dense model")
         if m.moe is not None and m.moe.num_experts % cfg.ep:
             problems.append(f"ep({cfg.ep}) does not divide the number of experts ({m.moe.num_experts})")
-        if not node.gpu.supports(self.training.precision):
-            problems.append(f"{node.gpu.name} does not support {self.training.precision}")
+        if not node.gpu.supports(t.precision):
+            problems.append(f"{node.gpu.name} does not support {t.precision}")
+        if self.attention_kernel in ("flash", "fused-softmax") and t.precision == "fp32":
+            problems.append(f"attention kernel {self.attention_kernel!r} needs 16-bit training, not fp32")
         return problems
 
-    # --- memory ---------------------------------------------------------------------------
+    # --- memory ------------------------------------------------------------------------------------
     def usable_memory_bytes(self, node: NodeSpec) -> float:
+        """HBM a stage may plan for: capacity minus the calibration's reserve (context, workspace, fragmentation)."""
         c = self.calibration
-        return node.gpu.hbm_bytes * (1.0 - c.memory_reserve_fraction) - c.memory_reserve_bytes
+        return max(0.0, node.gpu.hbm_bytes * (1.0 - c.memory_reserve_fraction) - c.memory_reserve_bytes)
 
-    def _static(self, dense_params: float, expert_params: float, cfg: StageConfig) -> tuple[float, float, float]:
-        """Weights, grads, optimizer bytes per GPU under ZeRO (Rajbhandari et al. 2020)."""
-        t = self.training
-        dense_local = dense_params / cfg.tp
-        expert_local = expert_params / (cfg.tp * cfg.ep)
-        edp = max(1, cfg.dp * cfg.cp // cfg.ep)  # data-parallel group of the experts
-        ddp = cfg.dp * cfg.cp  # data-parallel group of dense parameters (CP ranks hold replicas)
-
-        def shard(x_dense: float, x_exp: float, sharded: bool) -> float:
-            return x_dense / ddp + x_exp / edp if sharded else x_dense + x_exp
-
-        w = shard(dense_local, expert_local, cfg.zero >= 3) * t.weight_bytes
-        g = shard(dense_local, expert_local, cfg.zero >= 2) * t.grad_bytes
-        o = shard(dense_local, expert_local, cfg.zero >= 1) * t.optimizer_bytes
-        return w, g, o
-
-    def _layer_param_split(self, kind: LayerKind) -> tuple[float, float]:
-        m = self.model
-        if kind == "dense":
-            return float(m.layer_params("dense")), 0.0
-        assert m.moe is not None
-        experts = m.moe.num_experts * m.expert_params
-        return float(m.layer_params("moe") - experts), float(experts)
-
-    def _activation_bytes(self, kind: LayerKind, cfg: StageConfig) -> float:
-        """Korthikanti et al. 2022 (Reducing Activation Recomputation), Eq. 2-5, with TP+SP.
-
-        Per layer: s*b*h*(34 + 5*a*s/h) bytes without recomputation, 34*s*b*h with selective,
-        2*s*b*h with full recomputation, all divided by tp (sequence parallel) and cp.
-        """
-        m, t = self.model, self.training
-        s = t.seq_len / cfg.cp
-        b = cfg.micro_batch_size
-        h = m.hidden_size
-        a = m.num_attention_heads
-        scale = t.activation_bytes / 2
-        if cfg.recompute == "full":
-            per = 2 * s * b * h
-        elif cfg.recompute == "selective":
-            per = 34 * s * b * h
+    # --- rates ---------------------------------------------------------------------------------------
+    def _rates(self, node: NodeSpec) -> _Rates:
+        gpu, c, prec = node.gpu, self.calibration, self.training.precision
+        if prec == "fp32":
+            if self.fp32_matmul == "tf32" and gpu.bf16_flops_per_s is not None:
+                gemm = 0.5 * gpu.fp16_flops_per_s * c.matmul(gpu.name)
+            else:
+                gemm = gpu.fp32_flops_per_s * c.fp32_matmul(gpu.name)
+            attn = gemm
         else:
-            per = s * b * h * (34 + 5 * a * s / h)
-        if kind == "moe" and m.moe is not None:
-            # expert MLP activations scale with top_k routed copies of each token
-            per *= 1 + 0.5 * (m.moe.top_k - 1) * (0 if cfg.recompute == "full" else 1)
-        return per * scale / cfg.tp
+            peak = gpu.peak_flops_per_s(prec) if gpu.supports(prec) else gpu.fp16_flops_per_s
+            gemm = peak * c.matmul(gpu.name)
+            attn = peak * c.attention(gpu.name)
+        return _Rates(gemm_flops_per_s=gemm, attn_flops_per_s=attn,
+                      mem_bytes_per_s=gpu.hbm_bw_bytes_per_s * c.memory(gpu.name), overhead_s=c.kernel_overhead_s)
 
-    # --- time -----------------------------------------------------------------------------
-    def _fwd_flops(self, kind: LayerKind, cfg: StageConfig) -> float:
-        """Forward FLOPs of one layer for one data-parallel rank's micro-batch, per GPU."""
-        m, t = self.model, self.training
-        tokens = cfg.micro_batch_size * t.seq_len
-        s = t.seq_len
-        attn_proj = 2 * tokens * m.attention_params
-        attn_core = 2 * 2 * tokens * s * m.num_attention_heads * m.head_size * 0.5  # causal
-        if kind == "dense":
-            mlp = 2 * tokens * m.dense_mlp_params
-        else:
-            assert m.moe is not None
-            mlp = 2 * tokens * (m.moe.top_k * m.expert_params * self.moe_load_imbalance
-                                + m.shared_expert_params + m.router_params)
-        return (attn_proj + attn_core + mlp) / (cfg.tp * cfg.cp)
+    def _profile(self, node: NodeSpec, cfg: StageConfig) -> LayerProfile | None:
+        p = self.profiles.get(node.gpu.name) if len(self.profiles) else None
+        if p is None or cfg.cp != 1 or p.seq_len != self.training.seq_len:
+            return None
+        prec = self.training.precision
+        if (p.precision in ("fp32", "tf32")) != (prec == "fp32"):
+            return None
+        return p
 
-    def _ring_time(self, bytes_: float, n: int, bw: float, lat: float) -> float:
-        if n <= 1:
+    def _shape(self, cfg: StageConfig) -> LayerShape:
+        s = self.training.seq_len
+        return LayerShape(tokens=cfg.micro_batch_size * s / cfg.cp, seq_kv=float(s), batch=float(cfg.micro_batch_size),
+                          tp=cfg.tp, sp=cfg.sequence_parallel and cfg.tp > 1,
+                          elt_bytes=float(self.training.activation_bytes), causal=True)
+
+    # --- communication helpers -------------------------------------------------------------------------
+    def _coll(self, node: NodeSpec, kind: str, nbytes: float, n: int, stride: int = 1) -> float:
+        return comm.collective_time_s(node, kind, nbytes, n, stride=stride,
+                                      efficiency=self.calibration.network_efficiency)
+
+    def _tp_comm_per_pass(self, node: NodeSpec, cfg: StageConfig, sh: LayerShape, n_pairs: int = 2) -> float:
+        """``n_pairs`` all-reduces (no SP) or all-gather + reduce-scatter pairs (SP) of the layer activation."""
+        if cfg.tp == 1:
             return 0.0
-        return (n - 1) * lat + (n - 1) / n * bytes_ / (bw * self.calibration.network_efficiency)
+        msg = sh.tokens * self.model.hidden_size * sh.elt_bytes
+        if sh.sp:
+            return n_pairs * (self._coll(node, "all_gather", msg, cfg.tp)
+                              + self._coll(node, "reduce_scatter", msg, cfg.tp))
+        return n_pairs * self._coll(node, "all_reduce", msg, cfg.tp)
 
-    def _link(self, node: NodeSpec, group: int, stride: int = 1) -> tuple[float, float]:
-        """Bandwidth/latency of a group of ``group`` GPUs spaced ``stride`` apart in rank order."""
-        if group * stride <= node.gpus_per_node:
-            return node.intra_node_bw_bytes_per_s, node.intra_node_latency_s
-        return node.nic_bw_per_gpu_bytes_per_s, node.nic_latency_s
-
+    # --- layers ----------------------------------------------------------------------------------------
     def layer(self, node: NodeSpec, cfg: StageConfig, kind: LayerKind) -> LayerCost:
-        m, t, c = self.model, self.training, self.calibration
-        peak = node.gpu.peak_flops_per_s(t.precision) * c.matmul(node.gpu.name)
-        fwd_flops = self._fwd_flops(kind, cfg)
-        fwd_compute = fwd_flops / peak
-        bwd_compute = 2 * fwd_compute
-        if cfg.recompute == "full":
-            bwd_compute += fwd_compute
-        elif cfg.recompute == "selective":
-            bwd_compute += 0.1 * fwd_compute
-        act_msg = cfg.micro_batch_size * t.seq_len / cfg.cp * m.hidden_size * t.activation_bytes
-        bw, lat = self._link(node, cfg.tp)
-        tp_comm = 4 * self._ring_time(act_msg, cfg.tp, bw, lat)  # 2 AG + 2 RS per pass (SP)
-        cp_comm = 0.0
-        if cfg.cp > 1:
-            kv = 2 * act_msg * m.kv_heads / m.num_attention_heads / cfg.tp
-            bw_c, lat_c = self._link(node, cfg.cp, cfg.tp)
-            cp_comm = max(0.0, (cfg.cp - 1) * (lat_c + kv / (bw_c * c.network_efficiency)) - 0.5 * fwd_compute)
-        ep_comm = 0.0
-        if kind == "moe" and cfg.ep > 1:
-            assert m.moe is not None
-            msg = act_msg * m.moe.top_k / cfg.tp
-            bw_e, lat_e = self._link(node, cfg.ep, cfg.tp)
-            ep_comm = 2 * ((cfg.ep - 1) * lat_e + (cfg.ep - 1) / cfg.ep * msg / (bw_e * c.network_efficiency))
-        dense_p, expert_p = self._layer_param_split(kind)
-        w, g, o = self._static(dense_p, expert_p, cfg)
-        z3 = 0.0
-        if cfg.zero >= 3:
-            bw_d, lat_d = self._link(node, cfg.dp * cfg.cp, cfg.tp)
-            z3 = self._ring_time(dense_p / cfg.tp * t.weight_bytes, cfg.dp * cfg.cp, bw_d, lat_d)
-        fwd = fwd_compute + tp_comm + cp_comm + ep_comm + z3
-        bwd = bwd_compute + tp_comm + cp_comm + ep_comm + z3
-        bw_d, lat_d = self._link(node, cfg.dp * cfg.cp, cfg.tp)
-        grads = (dense_p / cfg.tp) * t.grad_bytes
-        sync = 2 * self._ring_time(grads, cfg.dp * cfg.cp, bw_d, lat_d)
-        opt_bytes = (o / max(t.optimizer_bytes, 1e-9)) * (2 * t.optimizer_bytes + t.weight_bytes + t.grad_bytes)
-        opt_time = opt_bytes / (node.gpu.hbm_bw_bytes_per_s * c.memory(node.gpu.name))
-        model_flops = 3 * (fwd_flops if self.moe_load_imbalance == 1 else fwd_flops / self.moe_load_imbalance)
-        return LayerCost(fwd_time_s=fwd, bwd_time_s=bwd, weight_bytes=w, grad_bytes=g, optimizer_bytes=o,
-                         activation_bytes=self._activation_bytes(kind, cfg),
-                         transient_bytes=(dense_p / cfg.tp * t.weight_bytes if cfg.zero >= 3 else 0.0),
-                         grad_sync_time_s=sync, optimizer_time_s=opt_time, model_flops=model_flops,
-                         breakdown={"compute": fwd_compute + bwd_compute, "tp_comm": 2 * tp_comm,
-                                    "cp_comm": 2 * cp_comm, "ep_comm": 2 * ep_comm, "zero3_gather": 2 * z3})
+        """Cost of one transformer block of ``kind`` ("dense" or "moe") per pipeline micro-batch."""
+        key = ("layer", node, cfg, kind)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._layer(node, cfg, kind)
+        return hit
 
-    def _vocab_cost(self, node: NodeSpec, cfg: StageConfig, params: float, flops_per_token: float,
-                    logits: bool) -> LayerCost:
-        t, c = self.training, self.calibration
-        tokens = cfg.micro_batch_size * t.seq_len / cfg.cp
-        peak = node.gpu.peak_flops_per_s(t.precision) * c.matmul(node.gpu.name)
-        fwd = tokens * flops_per_token / cfg.tp / peak
-        w, g, o = self._static(params, 0.0, cfg)
-        transient = tokens * self.model.vocab_size / cfg.tp * 4 * 2 if logits else 0.0  # fp32 logits + grad
-        bw_d, lat_d = self._link(node, cfg.dp * cfg.cp, cfg.tp)
-        sync = 2 * self._ring_time(params / cfg.tp * t.grad_bytes, cfg.dp * cfg.cp, bw_d, lat_d)
-        opt_time = (o / max(t.optimizer_bytes, 1e-9)) * (2 * t.optimizer_bytes + t.weight_bytes + t.grad_bytes) / (
-            node.gpu.hbm_bw_bytes_per_s * c.memory(node.gpu.name))
-        return LayerCost(fwd_time_s=fwd, bwd_time_s=2 * fwd, weight_bytes=w, grad_bytes=g, optimizer_bytes=o,
-                         activation_bytes=tokens * self.model.hidden_size * t.activation_bytes / cfg.tp,
-                         transient_bytes=transient, grad_sync_time_s=sync, optimizer_time_s=opt_time,
-                         model_flops=3 * tokens * flops_per_token / cfg.tp)
+    def _layer(self, node: NodeSpec, cfg: StageConfig, kind: LayerKind) -> LayerCost:
+        m, t, c = self.model, self.training, self.calibration
+        if kind == "moe" and m.moe is None:
+            raise SpecError("kind", kind, f"model {m.name!r} has no MoE layers", 'use kind="dense"')
+        params = self._params.get(kind) or flops.layer_params(m, kind)
+        sh = self._shape(cfg)
+        rates = self._rates(node)
+        expert_tokens = 0.0
+        if kind == "moe":
+            assert m.moe is not None
+            expert_tokens = sh.tokens * m.moe.top_k * self.moe_load_imbalance
+        fwd_ops, bwd_ops = flops.block_ops(m, kind, sh, kernel=self.attention_kernel, dropout=self.dropout,
+                                           tokens_per_expert_rank=expert_tokens)
+        core = [op for op in fwd_ops if op.name.startswith("attn.")]
+        core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
+        attn_fwd_s, attn_bwd_s = rates.time_s(core), rates.time_s(core_bwd)
+        tp_comm = self._tp_comm_per_pass(node, cfg, sh)
+        prof = self._profile(node, cfg)
+        measured = prof.lookup(kind, cfg.tp, cfg.micro_batch_size) if prof is not None else None
+        if measured is not None:
+            fwd_c, bwd_c = measured
+            if prof is not None and prof.includes_tp_comm:
+                tp_comm = 0.0
+        else:
+            fwd_c, bwd_c = rates.time_s(fwd_ops), rates.time_s(bwd_ops)
+        # context parallel: KV ring exchange overlapped with the attention core
+        cp_fwd = cp_bwd = 0.0
+        if cfg.cp > 1:
+            if m.mla is not None:
+                kv_width = m.num_attention_heads * (m.mla.qk_head_dim + m.mla.v_head_dim) / cfg.tp
+            else:
+                kv_width = 2 * m.kv_heads * m.head_size / cfg.tp
+            kv_bytes = sh.tokens * kv_width * sh.elt_bytes
+            ring = self._coll(node, "all_gather", kv_bytes * cfg.cp, cfg.cp, stride=cfg.tp)
+            cp_fwd = max(0.0, ring - attn_fwd_s)
+            cp_bwd = max(0.0, 2.0 * ring - attn_bwd_s)  # KV again plus their gradients
+        # expert parallel: dispatch and combine all-to-alls, forward and backward
+        ep_pass = 0.0
+        if kind == "moe" and cfg.ep > 1:
+            a2a = expert_tokens / (cfg.tp if sh.sp else 1) * m.hidden_size * sh.elt_bytes
+            ep_pass = 2.0 * self._coll(node, "all_to_all", a2a, cfg.ep, stride=cfg.tp)
+        dense_dp, expert_dp = cfg.dp * cfg.cp, max(1, cfg.dp * cfg.cp // cfg.ep)
+        dense_local, expert_local = params.per_gpu(cfg.tp, cfg.ep)
+        # ZeRO-3: gather weights before forward and backward, reduce-scatter gradients after backward
+        z3_fwd = z3_bwd = 0.0
+        if cfg.zero >= 3:
+            gather = (self._coll(node, "all_gather", dense_local * t.weight_bytes, dense_dp, stride=cfg.tp)
+                      + self._coll(node, "all_gather", expert_local * t.weight_bytes, expert_dp,
+                                   stride=cfg.tp * cfg.ep))
+            rs = (self._coll(node, "reduce_scatter", dense_local * t.grad_bytes, dense_dp, stride=cfg.tp)
+                  + self._coll(node, "reduce_scatter", expert_local * t.grad_bytes, expert_dp,
+                               stride=cfg.tp * cfg.ep))
+            z3_fwd = max(0.0, gather - fwd_c)
+            z3_bwd = max(0.0, gather + rs - bwd_c)
+        # recomputation re-runs (part of) the forward inside the backward: full recomputation repeats
+        # the whole layer with its communication (ZeRO-3 weights are still gathered for backward);
+        # selective recomputation repeats the materialized attention core (nothing with flash, which
+        # recomputes its scores inside its own backward kernel)
+        if cfg.recompute == "full":
+            recompute = fwd_c + tp_comm + cp_fwd + ep_pass
+        elif cfg.recompute == "selective":
+            recompute = attn_fwd_s if self.attention_kernel != "flash" else 0.0
+        else:
+            recompute = 0.0
+        fwd = fwd_c + tp_comm + cp_fwd + ep_pass + z3_fwd
+        bwd = bwd_c + recompute + tp_comm + cp_bwd + ep_pass + z3_bwd
+        # step tail: gradient sync not hidden behind the last backward, and the optimizer
+        grad_sync, param_gather = self._grad_sync(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
+        if c.overlap_grad_reduce:
+            exposed = max(0.0, grad_sync - bwd_c) + max(0.0, param_gather - fwd_c)
+        else:
+            exposed = grad_sync + param_gather
+        static = memory.model_state_bytes(params, t, tp=cfg.tp, ep=cfg.ep, dense_dp=dense_dp, expert_dp=expert_dp,
+                                          zero=cfg.zero)
+        act_shape = memory.ActivationShape(seq=sh.tokens / cfg.micro_batch_size, seq_kv=sh.seq_kv,
+                                           batch=float(cfg.micro_batch_size), tp=cfg.tp, sp=sh.sp,
+                                           elt_bytes=sh.elt_bytes, flash=self.attention_kernel == "flash",
+                                           dropout=self.dropout)
+        act = memory.activation_bytes(m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens)
+        # Backward working set of one layer: the activations the backward materializes (recomputed
+        # ones, or the activation gradients, which are the same size), counted the same for every
+        # recomputation mode; plus ZeRO-3's gathered copy of this layer's weights.
+        work = memory.activation_bytes(m, kind, act_shape, "none", expert_tokens=expert_tokens)
+        if cfg.zero >= 3 and dense_dp > 1:
+            work += (dense_local + (expert_local if expert_dp > 1 else 0.0)) * t.weight_bytes
+        opt = self._optimizer_time(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
+        # useful (balanced) work: the imbalance slows the time but adds no model FLOPs
+        model_flops = flops.layer_model_flops(m, kind, sh.tokens, sh.seq_kv) / cfg.tp
+        return LayerCost(fwd_time_s=fwd, bwd_time_s=bwd, weight_bytes=static.weight_bytes,
+                         grad_bytes=static.grad_bytes, optimizer_bytes=static.optimizer_bytes,
+                         activation_bytes=act, transient_bytes=work, grad_sync_time_s=exposed,
+                         optimizer_time_s=opt, model_flops=model_flops,
+                         breakdown={"compute_fwd": fwd_c, "compute_bwd": bwd_c, "recompute": recompute,
+                                    "attention_core_fwd": attn_fwd_s, "tp_comm": 2 * tp_comm,
+                                    "cp_comm": cp_fwd + cp_bwd, "ep_comm": 2 * ep_pass,
+                                    "zero3_comm": z3_fwd + z3_bwd, "grad_sync_total": grad_sync + param_gather,
+                                    "profiled": 1.0 if measured is not None else 0.0})
+
+    def _grad_sync(self, node: NodeSpec, cfg: StageConfig, dense_local: float, expert_local: float, dense_dp: int,
+                   expert_dp: int) -> tuple[float, float]:
+        """(gradient reduction, ZeRO-1/2 parameter all-gather) seconds per step, before overlap."""
+        t = self.training
+        if cfg.zero >= 3:
+            return 0.0, 0.0  # reduce-scattered per micro-batch inside the backward
+        groups = ((dense_local, dense_dp, cfg.tp), (expert_local, expert_dp, cfg.tp * cfg.ep))
+        grad = gather = 0.0
+        for n_params, group, stride in groups:
+            if group <= 1 or n_params <= 0:
+                continue
+            if cfg.zero == 0:
+                grad += self._coll(node, "all_reduce", n_params * t.grad_bytes, group, stride)
+            else:  # distributed optimizer: reduce-scatter gradients, all-gather updated weights
+                grad += self._coll(node, "reduce_scatter", n_params * t.grad_bytes, group, stride)
+                gather += self._coll(node, "all_gather", n_params * t.weight_bytes, group, stride)
+        return grad, gather
+
+    def _optimizer_time(self, node: NodeSpec, cfg: StageConfig, dense_local: float, expert_local: float,
+                        dense_dp: int, expert_dp: int) -> float:
+        """Adam over this GPU's shard: read gradient and state, write state and 16-bit weight (memory-bound)."""
+        t = self.training
+        shard = dense_local / dense_dp + expert_local / expert_dp if cfg.zero >= 1 else dense_local + expert_local
+        moved = shard * (t.grad_bytes + 2.0 * t.optimizer_bytes + t.weight_bytes)
+        rate = node.gpu.hbm_bw_bytes_per_s * self.calibration.memory(node.gpu.name)
+        return moved / rate + self.calibration.kernel_overhead_s
+
+    # --- embedding and head ----------------------------------------------------------------------------
+    def _vocab_params(self, which: str, cfg: StageConfig) -> tuple[float, float]:
+        """(per-GPU params, full params) of the embedding or the head."""
+        m = self.model
+        h = m.hidden_size
+        emb = getattr(m, "embed_dim", None) or h
+        proj = emb * h if emb != h else 0
+        vocab = m.vocab_size * emb
+        if which == "embedding":
+            pos = m.max_position_embeddings * h if m.position_embedding == "learned" else 0
+            replicated = pos + proj
+        else:
+            replicated = (m.norm_params if getattr(m, "final_norm", True) else 0) + proj
+            # a tied head keeps its own copy of the word embeddings on the last stage (Megatron-LM)
+        return vocab / cfg.tp + replicated, float(vocab + replicated)
+
+    def _vocab_cost(self, node: NodeSpec, cfg: StageConfig, which: str) -> LayerCost:
+        m, t, c = self.model, self.training, self.calibration
+        sh = self._shape(cfg)
+        rates = self._rates(node)
+        e, tokens = sh.elt_bytes, sh.tokens
+        t_sp = tokens / cfg.tp if sh.sp else tokens
+        if which == "embedding":
+            fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.dropout)
+        else:
+            fwd_ops, bwd_ops = flops.head_ops(m, tokens, cfg.tp, sh.sp, e)
+        prof = self._profile(node, cfg)
+        measured = prof.lookup(which, cfg.tp, cfg.micro_batch_size) if prof is not None else None
+        msg = tokens * m.hidden_size * e
+        tp_fwd = tp_bwd = 0.0
+        if cfg.tp > 1:
+            if which == "embedding":  # vocab-parallel lookup: partial sums reduced across TP
+                tp_fwd = self._coll(node, "reduce_scatter" if sh.sp else "all_reduce", msg, cfg.tp)
+                tp_bwd = self._coll(node, "all_gather", msg, cfg.tp) if sh.sp else 0.0
+            else:
+                ce = 3 * self._coll(node, "all_reduce", 4.0 * tokens, cfg.tp)  # max, sum-exp, target logit
+                tp_fwd = (self._coll(node, "all_gather", msg, cfg.tp) if sh.sp else 0.0) + ce
+                tp_bwd = self._coll(node, "reduce_scatter" if sh.sp else "all_reduce", msg, cfg.tp)
+        if measured is not None:
+            fwd_c, bwd_c = measured
+            if prof is not None and prof.includes_tp_comm:
+                tp_fwd = tp_bwd = 0.0
+        else:
+            fwd_c, bwd_c = rates.time_s(fwd_ops), rates.time_s(bwd_ops)
+        recompute = fwd_c + tp_fwd if (cfg.recompute == "full" and which == "head") else 0.0
+        local, _ = self._vocab_params(which, cfg)
+        lp = flops.LayerParams(sharded=local * cfg.tp, replicated=0.0)  # per_gpu(tp) gives back `local`
+        dense_dp = cfg.dp * cfg.cp
+        static = memory.model_state_bytes(lp, t, tp=cfg.tp, ep=1, dense_dp=dense_dp, expert_dp=1, zero=cfg.zero)
+        z3_fwd = z3_bwd = 0.0
+        if cfg.zero >= 3:
+            gather = self._coll(node, "all_gather", local * t.weight_bytes, dense_dp, stride=cfg.tp)
+            rs = self._coll(node, "reduce_scatter", local * t.grad_bytes, dense_dp, stride=cfg.tp)
+            z3_fwd, z3_bwd = max(0.0, gather - fwd_c), max(0.0, gather + rs - bwd_c)
+        grad_sync, param_gather = self._grad_sync(node, cfg, local, 0.0, dense_dp, 1)
+        if c.overlap_grad_reduce:
+            exposed = max(0.0, grad_sync - bwd_c) + max(0.0, param_gather - fwd_c)
+        else:
+            exposed = grad_sync + param_gather
+        opt = self._optimizer_time(node, cfg, local, 0.0, dense_dp, 1)
+        if which == "embedding":
+            act = 8.0 * tokens + (t_sp * m.hidden_size * memory.MASK_BYTES if self.dropout else 0.0)
+            transient = tokens * m.hidden_size * e  # gathered / reduced output buffer
+            emb = getattr(m, "embed_dim", None) or m.hidden_size
+            mf = 6.0 * tokens * emb * m.hidden_size / cfg.tp if emb != m.hidden_size else 0.0
+        else:
+            act = 2.0 * e * t_sp * m.hidden_size  # final-norm input and LM-head input (sharded with SP)
+            # logits in the training dtype, their fp32 copy and its gradient (vocab-parallel)
+            transient = tokens * m.vocab_size / cfg.tp * (e + 8.0)
+            emb = getattr(m, "embed_dim", None) or m.hidden_size
+            proj = emb * m.hidden_size if emb != m.hidden_size else 0  # project_out (project_in: embedding)
+            mf = 6.0 * tokens * (m.vocab_size * emb + proj) / cfg.tp
+        if cfg.zero >= 3 and dense_dp > 1:
+            transient += local * t.weight_bytes
+        return LayerCost(fwd_time_s=fwd_c + tp_fwd + z3_fwd, bwd_time_s=bwd_c + recompute + tp_bwd + z3_bwd,
+                         weight_bytes=static.weight_bytes, grad_bytes=static.grad_bytes,
+                         optimizer_bytes=static.optimizer_bytes, activation_bytes=act, transient_bytes=transient,
+                         grad_sync_time_s=exposed, optimizer_time_s=opt, model_flops=mf,
+                         breakdown={"compute_fwd": fwd_c, "compute_bwd": bwd_c, "recompute": recompute,
+                                    "tp_comm": tp_fwd + tp_bwd, "zero3_comm": z3_fwd + z3_bwd,
+                                    "grad_sync_total": grad_sync + param_gather,
+                                    "profiled": 1.0 if measured is not None else 0.0})
 
     def embedding(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
-        m = self.model
-        return self._vocab_cost(node, cfg, float(m.embedding_params), 2.0 * m.hidden_size, logits=False)
+        """Extra cost of the first stage: token (and position) embedding, vocab-parallel."""
+        key = ("embedding", node, cfg)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._vocab_cost(node, cfg, "embedding")
+        return hit
 
     def head(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
-        m = self.model
-        params = float(m.head_params if not m.tied_embeddings else m.vocab_size * m.hidden_size)
-        return self._vocab_cost(node, cfg, params, 2.0 * m.vocab_size * m.hidden_size, logits=True)
+        """Extra cost of the last stage: final norm, LM head and loss; logits are transient."""
+        key = ("head", node, cfg)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._vocab_cost(node, cfg, "head")
+        return hit
 
-    # --- pipeline point-to-point -----------------------------------------------------------
+    # --- pipeline point-to-point -----------------------------------------------------------------------
     def p2p_bytes(self, pipeline_micro_batch: int) -> float:
-        """Activation bytes one stage sends the next per micro-batch (the gradient is the same size)."""
+        """Activation bytes one stage sends the next per micro-batch (the gradient coming back is the same size)."""
         t = self.training
         return pipeline_micro_batch * t.seq_len * self.model.hidden_size * t.activation_bytes
 
     def p2p_time_s(self, pipeline_micro_batch: int, bw_bytes_per_s: float, latency_s: float) -> float:
-        return latency_s + self.p2p_bytes(pipeline_micro_batch) / (bw_bytes_per_s * self.calibration.network_efficiency)
+        """Seconds to send one micro-batch's activations between consecutive stages."""
+        return comm.p2p_time_s(self.p2p_bytes(pipeline_micro_batch), bw_bytes_per_s, latency_s,
+                               self.calibration.network_efficiency)
 
+    # --- MFU ----------------------------------------------------------------------------------------------
     def model_flops_per_step(self) -> float:
-        """Useful FLOPs of one optimizer step (6 x active params x tokens + causal attention)."""
-        m, t = self.model, self.training
-        attn = 2 * 2 * t.seq_len * m.num_attention_heads * m.head_size * 0.5 * m.num_layers * 3
-        return t.tokens_per_step * (6 * m.active_params + attn)
+        """Useful FLOPs of one optimizer step: ``tokens_per_step`` x ``flops.model_flops_per_token``.
+
+        Narayanan et al. 2021 (Eq. 3) and PaLM (App. B) convention: 6 FLOPs per matmul parameter
+        per token (active experts only, LM head included, embedding lookup excluded) plus the full
+        attention square; recomputation is not counted. MFU = this / (step time x sum of GPU peaks).
+        """
+        return self.training.tokens_per_step * flops.model_flops_per_token(self.model, self.training.seq_len)
 
 
-def pipeline_link(src: NodeSpec, dst: NodeSpec, zone_link: ZoneLink | None, *, intra_node: bool) -> tuple[float, float]:
-    """Bandwidth (bytes/s) and latency (s) of the p2p path between two consecutive stages.
+pipeline_link = comm.pipeline_link
 
-    Inside one node (``intra_node``) it is the scale-up link. Otherwise each side drives one node's
-    NIC (a stage of at most one node; a conservative figure for larger stages), and a zone link
-    caps the rate when the stages sit in different zones.
-    """
-    if intra_node:
-        return src.intra_node_bw_bytes_per_s, src.intra_node_latency_s
-    bw = min(src.nic_bw_bytes_per_s, dst.nic_bw_bytes_per_s)
-    lat = max(src.nic_latency_s, dst.nic_latency_s)
-    if zone_link is not None:
-        bw = min(bw, zone_link.bw_bytes_per_s)
-        lat += zone_link.latency_s
-    return bw, lat
+__all__ = ["CostModel", "Calibration", "pipeline_link", "FP32_MATMUL_MODES"]

@@ -1,0 +1,193 @@
+"""Achievable fractions of datasheet peaks, and fitting them to measured profiles.
+
+A :class:`Calibration` says how close real kernels get to the :class:`~tangram_opt.specs.GPUType`
+datasheet figures. Every efficiency is a mapping from GPU type name to a fraction, with ``"*"`` as
+the fallback for types not listed. The defaults are generic public figures, the same for every GPU
+type (see docs/cost_model.md, "Calibration"):
+
+- large dense GEMMs on tensor cores (16-bit or TF32) reach about 80% of the dense peak (cuBLAS on
+  A100/H100 at large sizes; NVIDIA's "Matrix Multiplication Background" guide);
+- FP32 GEMMs on CUDA cores (SGEMM, no tensor cores) reach about 85-90% of the FP32 peak;
+- FlashAttention-2 reaches 50-70% of the 16-bit peak on A100 (Dao 2023, forward and backward);
+- streaming memory-bound kernels reach about 80-90% of HBM bandwidth;
+- NCCL collectives reach about 80% of the link figure as bus bandwidth (nccl-tests PERFORMANCE.md
+  defines bus bandwidth; DGX A100 all-reduce busbw is ~230 of 300 GB/s per direction);
+- every kernel launch costs a few microseconds that no roofline captures.
+
+Users override any of them per GPU type; :func:`fit_calibration` fits the compute and memory
+efficiencies of one GPU type to measured per-layer times (used by benchmarks/validate_cost_model.py
+to report the error "after calibration").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from tangram_opt import units as u
+from tangram_opt.errors import SpecError
+
+
+def _frozen(d: Mapping[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Achievable fractions of peak, per GPU type name (``"*"`` is the default for other types).
+
+    - ``matmul_efficiency``: dense GEMMs on tensor cores (bf16/fp16, and TF32 when enabled).
+    - ``fp32_matmul_efficiency``: GEMMs on CUDA cores in IEEE fp32 (no tensor cores).
+    - ``attention_efficiency``: fused (flash) attention kernels, as a fraction of the tensor peak.
+    - ``memory_efficiency``: memory-bound kernels, as a fraction of HBM bandwidth.
+    - ``network_efficiency``: collectives and p2p, as a fraction of the link figure (bus bandwidth).
+    - ``kernel_overhead_s``: fixed cost per kernel (launch plus tail), added to every operation.
+    - ``memory_reserve_fraction`` / ``memory_reserve_bytes``: HBM kept back for the CUDA context,
+      NCCL buffers, the allocator's fragmentation and cuBLAS workspaces.
+    - ``overlap_grad_reduce``: data-parallel gradient reduction overlaps the last backward
+      (Megatron ``--overlap-grad-reduce``); when False it is fully exposed.
+    """
+
+    matmul_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.80}))
+    fp32_matmul_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.85}))
+    attention_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.60}))
+    memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.85}))
+    network_efficiency: float = 0.80
+    kernel_overhead_s: float = 4 * u.US
+    memory_reserve_fraction: float = 0.08
+    memory_reserve_bytes: float = 1.5 * u.GiB
+    overlap_grad_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+            table = getattr(self, name)
+            if not isinstance(table, Mapping):
+                raise SpecError(f"calibration.{name}", table, "must map GPU type names to fractions",
+                                'write e.g. {"*": 0.8, "A100-80": 0.75}')
+            for gpu, v in table.items():
+                if not isinstance(v, (int, float)) or not (0.0 < v <= 1.5):
+                    raise SpecError(f"calibration.{name}[{gpu!r}]", v, "must be a fraction in (0, 1.5]",
+                                    "efficiencies are achieved / datasheet peak")
+            if "*" not in table:
+                raise SpecError(f"calibration.{name}", dict(table), 'has no "*" default entry',
+                                'add "*": <fraction> for GPU types not listed')
+            object.__setattr__(self, name, _frozen(table))
+        if not (0.0 < self.network_efficiency <= 1.5):
+            raise SpecError("calibration.network_efficiency", self.network_efficiency, "must be in (0, 1.5]",
+                            "use the achieved fraction of the link bandwidth, e.g. 0.8")
+        if not (0.0 <= self.kernel_overhead_s < 1e-3):
+            raise SpecError("calibration.kernel_overhead_s", self.kernel_overhead_s, "must be in [0, 1 ms)",
+                            "a kernel launch costs a few microseconds")
+        if not (0.0 <= self.memory_reserve_fraction < 1.0):
+            raise SpecError("calibration.memory_reserve_fraction", self.memory_reserve_fraction,
+                            "must be in [0, 1)", "reserve e.g. 0.05 of HBM")
+        if self.memory_reserve_bytes < 0:
+            raise SpecError("calibration.memory_reserve_bytes", self.memory_reserve_bytes, "must be >= 0",
+                            "reserve e.g. 1.5 GiB")
+
+    def __hash__(self) -> int:  # MappingProxyType is not hashable; hash the contents
+        return hash(tuple(tuple(sorted(getattr(self, n).items())) if isinstance(getattr(self, n), Mapping)
+                          else getattr(self, n) for n in self.__dataclass_fields__))
+
+    @staticmethod
+    def _lookup(table: Mapping[str, float], gpu_name: str) -> float:
+        return float(table.get(gpu_name, table["*"]))
+
+    def matmul(self, gpu_name: str) -> float:
+        return self._lookup(self.matmul_efficiency, gpu_name)
+
+    def fp32_matmul(self, gpu_name: str) -> float:
+        return self._lookup(self.fp32_matmul_efficiency, gpu_name)
+
+    def attention(self, gpu_name: str) -> float:
+        return self._lookup(self.attention_efficiency, gpu_name)
+
+    def memory(self, gpu_name: str) -> float:
+        return self._lookup(self.memory_efficiency, gpu_name)
+
+    def with_gpu(self, gpu_name: str, **fractions: float) -> Calibration:
+        """A copy with per-GPU entries set, e.g. ``cal.with_gpu("A100-80", matmul_efficiency=0.7)``."""
+        changes = {}
+        for name, v in fractions.items():
+            table = getattr(self, name, None)
+            if not isinstance(table, Mapping):
+                raise SpecError(f"calibration.{name}", v, "is not a per-GPU efficiency table",
+                                "use matmul_efficiency, fp32_matmul_efficiency, attention_efficiency or "
+                                "memory_efficiency")
+            changes[name] = {**table, gpu_name: v}
+        return replace(self, **changes)
+
+
+DEFAULT_CALIBRATION = Calibration()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitResult:
+    """Outcome of :func:`fit_calibration` for one GPU type."""
+
+    gpu_name: str
+    compute_scale: float  # multiplier applied to the compute efficiencies in use
+    memory_efficiency: float
+    median_abs_error: float
+    points: int
+
+
+def fit_calibration(
+    gpu_name: str,
+    base: Calibration,
+    error_of: Callable[[Calibration], Iterable[float]],
+    *,
+    compute_scales: Iterable[float] | None = None,
+    memory_efficiencies: Iterable[float] | None = None,
+) -> tuple[Calibration, FitResult]:
+    """Grid-search one GPU type's compute and memory efficiencies to minimize the median |error|.
+
+    ``error_of(calibration)`` returns the relative errors (predicted / measured - 1) of every
+    measurement of that GPU type under a candidate calibration. The compute efficiencies
+    (tensor-core, CUDA-core fp32 and attention) are scaled by one common factor, so their ratios keep
+    their documented defaults; the memory efficiency is set directly. A coarse grid is enough: the
+    point is to show how much of the error is a per-GPU constant, not to tune digits.
+    """
+    scales = tuple(compute_scales or [round(0.4 + 0.05 * i, 2) for i in range(19)])  # 0.40 .. 1.30
+    mems = tuple(memory_efficiencies or [round(0.4 + 0.05 * i, 2) for i in range(13)])  # 0.40 .. 1.00
+    best: tuple[float, float, float, int] | None = None
+    for s in scales:
+        for m in mems:
+            cal = base.with_gpu(
+                gpu_name,
+                matmul_efficiency=min(1.5, base.matmul(gpu_name) * s),
+                fp32_matmul_efficiency=min(1.5, base.fp32_matmul(gpu_name) * s),
+                attention_efficiency=min(1.5, base.attention(gpu_name) * s),
+                memory_efficiency=m,
+            )
+            errs = sorted(abs(e) for e in error_of(cal))
+            if not errs:
+                continue
+            med = _median(errs)
+            if best is None or med < best[0] - 1e-12:
+                best = (med, s, m, len(errs))
+    if best is None:
+        raise SpecError("fit_calibration", gpu_name, "no measurement to fit", "pass measurements of this GPU type")
+    med, s, m, n = best
+    cal = base.with_gpu(gpu_name, matmul_efficiency=min(1.5, base.matmul(gpu_name) * s),
+                        fp32_matmul_efficiency=min(1.5, base.fp32_matmul(gpu_name) * s),
+                        attention_efficiency=min(1.5, base.attention(gpu_name) * s), memory_efficiency=m)
+    return cal, FitResult(gpu_name=gpu_name, compute_scale=s, memory_efficiency=m, median_abs_error=med, points=n)
+
+
+def _median(sorted_values: list[float]) -> float:
+    n = len(sorted_values)
+    mid = n // 2
+    return sorted_values[mid] if n % 2 else 0.5 * (sorted_values[mid - 1] + sorted_values[mid])
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in [0, 100]) of ``values``."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -1,0 +1,272 @@
+"""Per-layer time of the cost model: FLOP counts, rooflines, communication terms and validity checks."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from tangram_opt import units as u
+from tangram_opt.cost import Calibration, CostModel, LayerCost, StageConfig, model_flops_per_token, pipeline_link
+from tangram_opt.cost.flops import LayerShape, block_ops, layer_params
+from tangram_opt.errors import SpecError
+from tangram_opt.specs import MLASpec, ModelSpec, MoESpec, NodeSpec, TrainingSpec, ZoneLink, get_gpu_type
+
+
+def gpt(h: int, heads: int, layers: int, vocab: int = 51200) -> ModelSpec:
+    return ModelSpec(name="gpt", num_layers=layers, hidden_size=h, ffn_hidden_size=4 * h, num_attention_heads=heads,
+                     vocab_size=vocab, mlp_type="gelu", norm_type="layernorm", attention_bias="all", mlp_bias=True,
+                     position_embedding="learned", max_position_embeddings=2048, tied_embeddings=True)
+
+
+LLAMA8 = ModelSpec(name="llama-3-8b", num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                   num_kv_heads=8, vocab_size=128256)
+MIXTRAL = ModelSpec(name="mixtral-8x7b", num_layers=32, hidden_size=4096, ffn_hidden_size=14336,
+                    num_attention_heads=32, num_kv_heads=8, vocab_size=32000,
+                    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336))
+DSV2_LITE = ModelSpec(name="deepseek-v2-lite", num_layers=27, hidden_size=2048, ffn_hidden_size=10944,
+                      num_attention_heads=16, vocab_size=102400,
+                      mla=MLASpec(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+                      moe=MoESpec(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, num_shared_experts=2,
+                                  first_dense_layers=1))
+
+
+def node(gpu: str = "H100-SXM", per_node: int = 8, link_gbs: float = 450, nic_gbps: float = 3200) -> NodeSpec:
+    return NodeSpec(gpu=get_gpu_type(gpu), gpus_per_node=per_node, intra_node_link="nvlink4",
+                    intra_node_bw_bytes_per_s=link_gbs * u.GB_PER_S, intra_node_latency_s=3 * u.US,
+                    nic_bw_bytes_per_s=nic_gbps * u.GBIT_PER_S)
+
+
+# --- FLOPs and MFU ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("h,heads,layers", [(12288, 96, 96), (6144, 64, 48), (25600, 160, 128)])
+def test_model_flops_per_step_is_narayanan_eq3(h, heads, layers):
+    """72 B s l h^2 (1 + s/6h + V/12lh) (Narayanan et al. 2021, without recomputation)."""
+    s, v, batch = 2048, 51200, 64
+    cm = CostModel(gpt(h, heads, layers, v), TrainingSpec(global_batch_size=batch, seq_len=s))
+    expected = 72 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert cm.model_flops_per_step() == pytest.approx(expected, rel=1e-12)
+
+
+def test_model_flops_per_token_is_6n_plus_attention_for_llama():
+    """PaLM App. B: 6 N + 12 L H Q T per token, N = non-embedding matmul parameters + LM head."""
+    m, s = LLAMA8, 8192
+    mats = m.num_layers * (m.attention_params + m.dense_mlp_params) + m.vocab_size * m.hidden_size
+    assert model_flops_per_token(m, s) == pytest.approx(6 * mats + 12 * m.num_layers * m.hidden_size * s)
+
+
+def test_per_gpu_model_flops_add_up_to_the_step():
+    m = LLAMA8
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    cm = CostModel(m, t)
+    n = node()
+    cfg = StageConfig(tp=2, cp=2, dp=2, micro_batch_size=2)
+    per_mb = cfg.gpus * (m.num_layers * cm.layer(n, cfg, "dense").model_flops + cm.head(n, cfg).model_flops)
+    micro_batches = t.global_batch_size / cfg.pipeline_micro_batch
+    assert per_mb * micro_batches == pytest.approx(cm.model_flops_per_step(), rel=1e-12)
+
+
+def test_gemm_flops_of_a_block_are_24_b_s_h2_forward():
+    h, s, b = 4096, 2048, 2
+    m = gpt(h, 32, 2)
+    sh = LayerShape(tokens=b * s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2)
+    fwd, bwd = block_ops(m, "dense", sh, kernel="fused-softmax", dropout=True)
+    gemm = sum(op.flops for op in fwd if op.unit == "gemm" and not op.name.startswith("attn"))
+    attn = sum(op.flops for op in fwd if op.unit == "gemm" and op.name.startswith("attn"))
+    assert gemm == pytest.approx(24 * b * s * h * h)
+    assert attn == pytest.approx(4 * b * s * s * h)
+    assert sum(op.flops for op in bwd if op.unit == "gemm") == pytest.approx(2 * (gemm + attn))
+
+
+def test_flash_attention_skips_the_masked_half_and_recomputes_in_backward():
+    h, s = 4096, 8192
+    m = gpt(h, 32, 2)
+    sh = LayerShape(tokens=s, seq_kv=s, batch=1, tp=1, sp=False, elt_bytes=2)
+    fwd, bwd = block_ops(m, "dense", sh, kernel="flash", dropout=False)
+    f = next(op for op in fwd if op.name == "attn.flash")
+    b = next(op for op in bwd if op.name == "attn.flash.bwd")
+    assert f.flops == pytest.approx(0.5 * 4 * s * s * h)
+    assert b.flops == pytest.approx(2.5 * f.flops)
+
+
+def test_large_gemm_layer_runs_near_the_calibrated_matmul_efficiency():
+    """A GEMM-dominated layer (h = 16384, flash) is within a few % of FLOPs / (peak x efficiency)."""
+    m = ModelSpec(name="wide", num_layers=2, hidden_size=16384, ffn_hidden_size=65536, num_attention_heads=128,
+                  vocab_size=32000)
+    t = TrainingSpec(global_batch_size=8, seq_len=2048)
+    cm = CostModel(m, t, dropout=False)
+    n = node()
+    c = cm.layer(n, StageConfig(micro_batch_size=2), "dense")
+    ideal = c.model_flops / (n.gpu.bf16_flops_per_s * cm.calibration.matmul("H100-SXM"))
+    assert 1.0 < c.time_s / ideal < 1.15
+
+
+def test_efficiency_calibration_is_per_gpu_and_overridable():
+    t = TrainingSpec(global_batch_size=8, seq_len=4096)
+    slow = Calibration().with_gpu("H100-SXM", matmul_efficiency=0.4)
+    fast, cal = CostModel(LLAMA8, t), CostModel(LLAMA8, t, calibration=slow)
+    n, cfg = node(), StageConfig(micro_batch_size=1)
+    assert cal.layer(n, cfg, "dense").time_s > 1.3 * fast.layer(n, cfg, "dense").time_s
+    a100 = node("A100-80")
+    assert cal.layer(a100, cfg, "dense").time_s == pytest.approx(fast.layer(a100, cfg, "dense").time_s)
+    with pytest.raises(SpecError):
+        Calibration(matmul_efficiency={"A100-80": 0.5})  # no "*" default
+
+
+def test_fp32_uses_cuda_cores_unless_tf32():
+    m = gpt(2560, 20, 4)
+    t = TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp32")
+    n, cfg = node("A100-80"), StageConfig(micro_batch_size=1)
+    ieee = CostModel(m, t).layer(n, cfg, "dense")
+    tf32 = CostModel(m, t, fp32_matmul="tf32").layer(n, cfg, "dense")
+    assert ieee.time_s > 2.5 * tf32.time_s
+    v100 = node("V100-16")  # no TF32 on Volta: both modes run on CUDA cores
+    assert CostModel(m, t, fp32_matmul="tf32").layer(v100, cfg, "dense").time_s == pytest.approx(
+        CostModel(m, t).layer(v100, cfg, "dense").time_s)
+
+
+# --- communication terms ---------------------------------------------------------------------------
+def test_tensor_parallel_comm_is_exposed_and_grows_with_slower_links():
+    t = TrainingSpec(global_batch_size=8, seq_len=4096)
+    cm = CostModel(LLAMA8, t)
+    cfg = StageConfig(tp=8, micro_batch_size=1)
+    fast = cm.layer(node(link_gbs=450), cfg, "dense")
+    slow = cm.layer(node(link_gbs=32), cfg, "dense")
+    assert fast.breakdown["tp_comm"] > 0
+    assert slow.time_s - fast.time_s == pytest.approx(slow.breakdown["tp_comm"] - fast.breakdown["tp_comm"])
+    # SP: 2 all-gathers + 2 reduce-scatters per pass, the bytes of 2 all-reduces
+    msg = 4096 * 4096 * 2
+    expected = 2 * 2 * (2 * 7 / 8 * msg / (32 * u.GB_PER_S * 0.8) + 2 * 7 * 3 * u.US)  # (fwd+bwd) x 2 pairs
+    assert slow.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_moe_layer_pays_all_to_all_and_load_imbalance():
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    n = node()
+    cfg = StageConfig(dp=8, ep=8, micro_batch_size=1)
+    even = CostModel(MIXTRAL, t).layer(n, cfg, "moe")
+    skew = CostModel(MIXTRAL, t, moe_load_imbalance=1.5).layer(n, cfg, "moe")
+    assert even.breakdown["ep_comm"] > 0
+    assert skew.time_s > even.time_s
+    assert skew.model_flops == even.model_flops
+    cross = node(per_node=4)  # EP 8 now crosses nodes: the all-to-all goes over the NIC
+    assert CostModel(MIXTRAL, t).layer(cross, StageConfig(dp=8, ep=8), "moe").breakdown["ep_comm"] > \
+        even.breakdown["ep_comm"]
+
+
+def test_mla_model_costs_are_positive():
+    t = TrainingSpec(global_batch_size=16, seq_len=4096)
+    cm = CostModel(DSV2_LITE, t)
+    n = node()
+    for kind in ("dense", "moe"):
+        c = cm.layer(n, StageConfig(tp=2, dp=4, ep=4, zero=1, micro_batch_size=1), kind)
+        assert c.time_s > 0 and c.static_bytes > 0 and c.activation_bytes > 0
+    assert layer_params(DSV2_LITE, "moe").total == DSV2_LITE.layer_params("moe")
+    assert layer_params(DSV2_LITE, "dense").total == DSV2_LITE.layer_params("dense")
+
+
+def test_zero3_gathers_and_data_parallel_sync_are_overlapped():
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    cm = CostModel(LLAMA8, t)
+    n = node(nic_gbps=100)
+    z3 = cm.layer(n, StageConfig(dp=16, zero=3, micro_batch_size=1), "dense")
+    z1 = cm.layer(n, StageConfig(dp=16, zero=1, micro_batch_size=1), "dense")
+    assert z3.weight_bytes < z1.weight_bytes
+    assert z3.time_s >= z1.time_s
+    assert z1.breakdown["grad_sync_total"] > 0
+    no_overlap = CostModel(LLAMA8, t, calibration=Calibration(overlap_grad_reduce=False))
+    z1_exposed = no_overlap.layer(n, StageConfig(dp=16, zero=1, micro_batch_size=1), "dense")
+    assert z1_exposed.grad_sync_time_s == pytest.approx(z1.breakdown["grad_sync_total"])
+    assert z1.grad_sync_time_s <= z1_exposed.grad_sync_time_s
+
+
+def test_context_parallel_splits_attention_work():
+    t = TrainingSpec(global_batch_size=8, seq_len=32768)
+    cm = CostModel(LLAMA8, t, dropout=False)
+    n = node()
+    one = cm.layer(n, StageConfig(tp=1, cp=1, dp=8), "dense")
+    cp4 = cm.layer(n, StageConfig(tp=1, cp=4, dp=2), "dense")
+    assert cp4.activation_bytes == pytest.approx(one.activation_bytes / 4)
+    assert cp4.breakdown["compute_fwd"] < 0.3 * one.breakdown["compute_fwd"]
+
+
+def test_recomputation_adds_forward_work_to_backward():
+    t = TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16")
+    cm = CostModel(gpt(4096, 32, 4), t, attention_kernel="fused-softmax")
+    n = node("A100-80")
+    none, sel, full = (cm.layer(n, StageConfig(tp=2, recompute=r), "dense") for r in ("none", "selective", "full"))
+    assert none.fwd_time_s == sel.fwd_time_s == full.fwd_time_s
+    assert none.bwd_time_s < sel.bwd_time_s < full.bwd_time_s
+    assert full.bwd_time_s == pytest.approx(none.bwd_time_s + none.fwd_time_s)
+
+
+def test_p2p_and_pipeline_link():
+    t = TrainingSpec(global_batch_size=8, seq_len=4096)
+    cm = CostModel(LLAMA8, t)
+    assert cm.p2p_bytes(4) == 4 * 4096 * 4096 * 2
+    a, b = node(), node("A100-80", nic_gbps=800)
+    bw, lat = pipeline_link(a, b, None, intra_node=False)
+    assert bw == 800 * u.GBIT_PER_S and lat == a.nic_latency_s
+    zl = ZoneLink(zone_a="x", zone_b="y", bw_bytes_per_s=10 * u.GBIT_PER_S, latency_s=2 * u.MS)
+    bw_z, lat_z = pipeline_link(a, b, zl, intra_node=False)
+    assert bw_z == 10 * u.GBIT_PER_S and lat_z == pytest.approx(lat + 2 * u.MS)
+    assert cm.p2p_time_s(4, bw_z, lat_z) > cm.p2p_time_s(4, bw, lat)
+    assert pipeline_link(a, a, None, intra_node=True) == (a.intra_node_bw_bytes_per_s, a.intra_node_latency_s)
+
+
+# --- validity and contract -------------------------------------------------------------------------
+def test_check_config_names_every_problem():
+    t = TrainingSpec(global_batch_size=8, seq_len=4100)
+    cm = CostModel(LLAMA8, t)
+    problems = cm.check_config(node(per_node=4), StageConfig(tp=16, cp=4, dp=1))
+    text = " | ".join(problems)
+    assert "tp(16) does not divide KV heads (8)" in text
+    assert "exceeds GPUs per node (4)" in text
+    assert "seq_len (4100)" in text
+    assert cm.check_config(node(), StageConfig(tp=8, dp=2)) == []
+    dense_ep = cm.check_config(node(), StageConfig(dp=2, ep=2))
+    assert any("dense model" in p for p in dense_ep)
+    v100 = node("V100-16")
+    assert any("bf16" in p for p in cm.check_config(v100, StageConfig()))
+    assert any("neither a multiple nor a divisor" in p for p in cm.check_config(node(), StageConfig(dp=3)))
+
+
+def test_layer_is_cached_deterministic_and_fast():
+    t = TrainingSpec(global_batch_size=512, seq_len=4096)
+    cm = CostModel(MIXTRAL, t)
+    n = node()
+    cfgs = [StageConfig(tp=tp, dp=dp, ep=ep, zero=z, recompute=r, micro_batch_size=b)
+            for tp in (1, 2, 4, 8) for dp in (1, 2, 4, 8) for ep in (1, 2, 4, 8) if (dp % ep == 0)
+            for z in (0, 1, 3) for r in ("none", "full") for b in (1, 2)]
+    t0 = time.perf_counter()
+    costs = [cm.layer(n, c, "moe") for c in cfgs]
+    assert time.perf_counter() - t0 < 2.0
+    assert all(isinstance(c, LayerCost) for c in costs)
+    again = CostModel(MIXTRAL, t)
+    assert [again.layer(n, c, "moe") for c in cfgs[:20]] == costs[:20]
+    assert cm.layer(n, cfgs[0], "moe") is costs[0]
+
+
+def test_moe_kind_on_dense_model_is_an_error():
+    cm = CostModel(LLAMA8, TrainingSpec(global_batch_size=8, seq_len=4096))
+    with pytest.raises(SpecError):
+        cm.layer(node(), StageConfig(), "moe")
+    with pytest.raises(SpecError):
+        CostModel(LLAMA8, TrainingSpec(global_batch_size=8, seq_len=4096), moe_load_imbalance=0.5)
+    assert math.isfinite(cm.head(node(), StageConfig()).time_s)
+
+
+def test_model_flops_of_embedding_layers_and_head_add_up_with_projections():
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    extra = {"embedding_dim": 512} if "embedding_dim" in fields else {}
+    m = ModelSpec(name="opt-like", num_layers=4, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                  vocab_size=50272, mlp_type="gelu", norm_type="layernorm", attention_bias="all", mlp_bias=True,
+                  position_embedding="learned", max_position_embeddings=2050, **extra)
+    t = TrainingSpec(global_batch_size=16, seq_len=2048)
+    cm = CostModel(m, t)
+    n, cfg = node(), StageConfig(tp=2, dp=2, micro_batch_size=2)
+    per_mb = cfg.gpus * (m.num_layers * cm.layer(n, cfg, "dense").model_flops + cm.embedding(n, cfg).model_flops
+                         + cm.head(n, cfg).model_flops)
+    assert per_mb * t.global_batch_size / cfg.pipeline_micro_batch == pytest.approx(cm.model_flops_per_step())

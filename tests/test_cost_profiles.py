@@ -1,0 +1,132 @@
+"""Measured profiles: the shipped Sailor data, our file format, and profiles replacing computed compute time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tangram_opt import units as u
+from tangram_opt.cost import CostModel, LayerProfile, ProfileEntry, StageConfig, load_profile, save_profile
+from tangram_opt.cost.flops import layer_params
+from tangram_opt.cost.profiles import (SAILOR_DIR, SAILOR_MODELS, infer_sailor_precision, load_sailor_profile,
+                                       read_sailor_raw, sailor_files, sailor_link_bandwidths, sailor_profiles)
+from tangram_opt.errors import FormatError, SpecError
+from tangram_opt.specs import NodeSpec, TrainingSpec, get_gpu_type
+
+
+def test_sailor_data_ships_with_its_mit_license():
+    text = (SAILOR_DIR / "LICENSE").read_text()
+    assert "MIT License" in text and "ETH Zurich" in text
+    assert (SAILOR_DIR / "README.md").is_file()
+    files = sailor_files()
+    assert len(files) == 17
+    assert {g for _, g, _ in files} == {"A100-40", "A100-80", "GH-96", "V100-16", "RTX-2080", "RTX-3090", "Titan-RTX"}
+    for _, g, _ in files:
+        get_gpu_type(g)  # every Sailor GPU name resolves to a catalog type
+
+
+@pytest.mark.parametrize("model", sorted(SAILOR_MODELS))
+def test_sailor_model_specs_reproduce_llm_info_parameter_counts(model):
+    info = json.loads((SAILOR_DIR / "llm_info.json").read_text())[model]["1"]
+    spec = SAILOR_MODELS[model].spec
+    assert info["1"]["params_floats"] == spec.layer_params("dense") == layer_params(spec, "dense").total
+    assert info["0"]["params_floats"] == spec.embedding_params
+    if SAILOR_MODELS[model].head_has_lm_head and model != "LLAMA-3-8":
+        assert info[str(spec.num_layers + 1)]["params_floats"] == spec.head_params
+    if model == "LLAMA-3-8":
+        # sequence length 8192: one block's output is 8192 x 4096 floats per sequence
+        assert info["1"]["act_output_floats"] == 8192 * 4096 == SAILOR_MODELS[model].seq_len * spec.hidden_size
+
+
+def test_precision_is_inferred_from_throughput():
+    path = SAILOR_DIR / "OPT-30" / "A100-40" / "profile.json"
+    assert infer_sailor_precision(read_sailor_raw(path), "OPT-30", "A100-40")[0] == "fp32"
+    path = SAILOR_DIR / "GPT-Neo-2.7" / "A100-40" / "profile.json"
+    prec, best = infer_sailor_precision(read_sailor_raw(path), "GPT-Neo-2.7", "A100-40")
+    assert prec == "tf32" and best > 19.5 * u.TFLOPS
+    path = SAILOR_DIR / "OPT-350" / "V100-16" / "profile.json"
+    assert infer_sailor_precision(read_sailor_raw(path), "OPT-350", "V100-16")[0] == "fp32"
+
+
+def test_mislabelled_sailor_file_is_rejected():
+    sets, skipped = sailor_profiles("GPT-Neo-2.7")
+    assert "GH-96" in skipped and "24 blocks" in skipped["GH-96"]
+    assert {p.gpu for p in sets} == {"A100-40", "A100-80", "V100-16"}
+    with pytest.raises(SpecError):
+        load_sailor_profile(SAILOR_DIR / "GPT-Neo-2.7" / "GH-96" / "profile.json", model="GPT-Neo-2.7")
+
+
+def test_sailor_conversion_takes_block_median_and_sums_the_tail():
+    path = SAILOR_DIR / "LLAMA-3-8" / "GH-96" / "profile.json"
+    p = load_sailor_profile(path, model="LLAMA-3-8", precision="tf32")
+    raw = read_sailor_raw(path)[1][1]
+    assert p.lookup("dense", 1, 1) == (raw[2][0], raw[2][1])
+    assert p.lookup("head", 1, 1) == pytest.approx((raw[33][0] + raw[34][0], raw[33][1] + raw[34][1]))
+    assert p.lookup("embedding", 1, 1) == (raw[0][0], raw[0][1])
+    assert p.gpu_name == "GH200-96" and p.seq_len == 8192
+
+
+def test_lookup_interpolates_and_extrapolates_in_micro_batch():
+    p = LayerProfile(model="m", gpu="A100-80", seq_len=2048, precision="bf16", entries=(
+        ProfileEntry(kind="dense", tp=1, micro_batch_size=2, fwd_time_s=2.0, bwd_time_s=4.0),
+        ProfileEntry(kind="dense", tp=1, micro_batch_size=4, fwd_time_s=3.0, bwd_time_s=6.0)))
+    assert p.lookup("dense", 1, 3) == pytest.approx((2.5, 5.0))
+    assert p.lookup("dense", 1, 8) == pytest.approx((5.0, 10.0))
+    assert p.lookup("dense", 1, 1) == pytest.approx((1.0, 2.0))
+    assert p.lookup("dense", 2, 2) is None
+
+
+def test_profile_file_round_trip_and_errors(tmp_path):
+    p = LayerProfile(model="m", gpu="H100", seq_len=4096, precision="bf16", includes_tp_comm=False, entries=(
+        ProfileEntry(kind="dense", tp=2, micro_batch_size=1, fwd_time_s=1e-3, bwd_time_s=2e-3),))
+    path = tmp_path / "p.json"
+    save_profile(p, path)
+    q = load_profile(path)
+    assert q.entries == p.entries and q.includes_tp_comm is False and q.gpu_name == "H100-SXM"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(FormatError):
+        load_profile(bad)
+    bad.write_text("{not json")
+    with pytest.raises(FormatError):
+        load_profile(bad)
+    with pytest.raises(SpecError):
+        LayerProfile(model="m", gpu="H100", seq_len=1, precision="int8", entries=())
+
+
+def _node(gpu: str, tp: int) -> NodeSpec:
+    return NodeSpec(gpu=get_gpu_type(gpu), gpus_per_node=max(tp, 1), intra_node_link="nvlink3",
+                    intra_node_bw_bytes_per_s=200 * u.GB_PER_S, intra_node_latency_s=3 * u.US,
+                    nic_bw_bytes_per_s=100 * u.GBIT_PER_S)
+
+
+def test_profiles_replace_compute_time_but_comm_is_still_modelled():
+    sets, _ = sailor_profiles("OPT-30")
+    spec = SAILOR_MODELS["OPT-30"].spec
+    t = TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp32")
+    measured = CostModel(spec, t, profiles=sets)
+    computed = CostModel(spec, t)
+    a100 = _node("A100-40", 8)
+    cfg = StageConfig(tp=2, dp=4, micro_batch_size=2, sequence_parallel=False)
+    raw = read_sailor_raw(SAILOR_DIR / "OPT-30" / "A100-40" / "profile.json")[2][2]
+    c = measured.layer(a100, cfg, "dense")
+    assert c.breakdown["profiled"] == 1.0
+    assert c.fwd_time_s == pytest.approx(raw[5][0])  # TP all-reduces are inside the measurement
+    assert c.breakdown["grad_sync_total"] > 0  # data-parallel sync is still modelled
+    assert computed.layer(a100, cfg, "dense").breakdown["profiled"] == 0.0
+    # unmeasured TP degree, other GPU type, or another sequence length: analytical
+    assert measured.layer(a100, StageConfig(tp=8, micro_batch_size=1), "dense").breakdown["profiled"] == 0.0
+    assert measured.layer(_node("H100-SXM", 1), StageConfig(), "dense").breakdown["profiled"] == 0.0
+    other = CostModel(spec, TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp32"), profiles=sets)
+    assert other.layer(a100, cfg, "dense").breakdown["profiled"] == 0.0
+    # full recomputation adds the measured forward to the backward
+    rf = measured.layer(a100, StageConfig(tp=2, dp=4, micro_batch_size=2, recompute="full",
+                                          sequence_parallel=False), "dense")
+    assert rf.bwd_time_s == pytest.approx(c.bwd_time_s + raw[5][0])
+
+
+def test_sailor_link_bandwidths_are_read():
+    bws = sailor_link_bandwidths()
+    assert 240 * u.GB_PER_S < bws["A100-40"][2] < 250 * u.GB_PER_S
+    assert set(bws["RTX-3090"]) == {2, 4, 8}
