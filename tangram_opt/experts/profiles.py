@@ -1,0 +1,64 @@
+"""Reproducible synthetic expert-load profiles (tokens per expert per MoE layer).
+
+Measured router statistics of large MoE models are skewed: a few hot experts take several times the
+mean load and the tail is long. Two standard shapes are used for tests and benchmarks:
+
+* ``zipf``: the expert of popularity rank ``i`` (1-based) gets a share proportional to ``i ** -skew``
+  (skew 0 is uniform; about 0.5-1.2 spans mildly to strongly skewed routing), with popularity ranks
+  shuffled over expert ids per layer;
+* ``lognormal``: shares proportional to ``exp(skew * z)``, ``z ~ N(0, 1)`` (``skew`` is the sigma of
+  the log-load);
+* ``uniform``: every expert gets the same share (the planner's default: imbalance 1).
+
+Shares are turned into whole tokens by largest remainders, so each layer sums to exactly ``tokens``.
+The generator is ``numpy.random.default_rng(seed)``: the same arguments give the same profile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tangram_opt.errors import SpecError
+
+PROFILE_KINDS = ("zipf", "lognormal", "uniform")
+
+
+def _whole_tokens(share: np.ndarray, tokens: int) -> np.ndarray:
+    """Largest-remainder rounding of ``tokens * share`` to integers summing to ``tokens``."""
+    raw = share / share.sum() * tokens
+    out = np.floor(raw).astype(np.int64)
+    short = int(tokens - out.sum())
+    if short > 0:
+        order = np.argsort(-(raw - out), kind="stable")
+        out[order[:short]] += 1
+    return out
+
+
+def load_profile(kind: str = "zipf", experts: int = 64, skew: float = 1.0, tokens: int = 1_000_000, seed: int = 0,
+                 layers: int = 1) -> np.ndarray:
+    """Tokens per expert: shape ``(experts,)`` for one layer, ``(layers, experts)`` for several.
+
+    ``tokens`` is the number of routed token-expert assignments per layer (tokens x top_k).
+    """
+    kinds = {k.lower(): k for k in PROFILE_KINDS}
+    if not isinstance(kind, str) or kind.lower() not in kinds:
+        raise SpecError("kind", kind, "is not a known load profile", f"use one of {', '.join(PROFILE_KINDS)}")
+    kind = kinds[kind.lower()]
+    for name, v, lo in (("experts", experts, 1), ("tokens", tokens, 1), ("layers", layers, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise SpecError(name, v, f"must be an integer >= {lo}", f"write e.g. {max(lo, 8)}")
+    if not isinstance(skew, (int, float)) or not np.isfinite(skew) or skew < 0:
+        raise SpecError("skew", skew, "must be a finite number >= 0", "use 0 for uniform, about 1 for skewed")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(layers):
+        if kind == "uniform":
+            share = np.ones(experts)
+        elif kind == "zipf":
+            share = np.arange(1, experts + 1, dtype=float) ** -float(skew)
+            share = share[rng.permutation(experts)]
+        else:
+            share = np.exp(float(skew) * rng.standard_normal(experts))
+        rows.append(_whole_tokens(share, int(tokens)))
+    out = np.asarray(rows, dtype=np.int64)
+    return out[0] if layers == 1 else out
