@@ -74,6 +74,11 @@ class SolveResult:
     solve_time_s: float = 0.0
     trajectory: list[ProgressPoint] = field(default_factory=list)
     message: str = ""
+    #: every improving solution seen (objective, values), when the backend reports them (CP-SAT);
+    #: formulations that relax part of the exact objective re-evaluate them all
+    pool: list[tuple[float, list[float]]] = field(default_factory=list)
+    #: LP reduced costs per column (LP relaxations solved by HiGHS only)
+    reduced_costs: list[float] | None = None
 
     @property
     def gap(self) -> float | None:
@@ -181,9 +186,13 @@ class CpSatBackend(Backend):
         p.log_search_progress = bool(options.log)
         traj = _Trajectory(options)
 
+        pool: list[tuple[float, list[float]]] = []
+
         class _CB(cp_model.CpSolverSolutionCallback):
             def on_solution_callback(self) -> None:  # noqa: D401 (OR-Tools name)
                 traj.record(self.objective_value, self.best_objective_bound, self.wall_time)
+                if len(pool) < 200:
+                    pool.append((self.objective_value, [float(self.value(x)) for x in xs]))
 
         try:
             solver.best_bound_callback = lambda b: traj.record(None, b)
@@ -200,7 +209,7 @@ class CpSatBackend(Backend):
             traj.record(obj, bound, elapsed)
             vals = [float(solver.value(x)) for x in xs]
             return SolveResult(status=st, backend=self.name, objective=obj, bound=bound if st != SolveStatus.OPTIMAL
-                               else obj, values=vals, solve_time_s=elapsed, trajectory=traj.points)
+                               else obj, values=vals, solve_time_s=elapsed, trajectory=traj.points, pool=pool)
         bound = solver.best_objective_bound if st == SolveStatus.NO_SOLUTION else None
         return SolveResult(status=st, backend=self.name, bound=bound, solve_time_s=elapsed, trajectory=traj.points,
                            message=solver.status_name(status))
@@ -225,9 +234,15 @@ class LinearSolverBackend(Backend):
             return False
         return pywraplp.Solver.CreateSolver(self.solver_id) is not None
 
-    def _specific_params(self, options: SolveOptions) -> str:
+    def _specific_params(self, options: SolveOptions, integral: bool) -> str:
         if self.solver_id == "SCIP":
-            return f"randomization/randomseedshift = {options.seed}\nlimits/absgap = 0.5\n"
+            # an absolute gap below 1 proves optimality only when the objective is integral. On the
+            # planner's integer-scaled models (coefficients ~1e8) SCIP's cutting planes ran into LP
+            # numerical trouble: a window HiGHS proves infeasible in 0.07 s stayed open for 10 s;
+            # without separation the same search closed in 6 s instead of timing out at 60 s
+            extra = ("limits/absgap = 0.5\nseparating/maxroundsroot = 0\nseparating/maxrounds = 0\n"
+                     if integral else "")
+            return f"randomization/randomseedshift = {options.seed}\n{extra}"
         return ""
 
     def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
@@ -255,7 +270,7 @@ class LinearSolverBackend(Backend):
         s.SetTimeLimit(int(max(1, options.time_limit_s * 1000)))
         if options.threads > 1 and self.solver_id == "SCIP":
             s.SetNumThreads(int(options.threads))
-        extra = self._specific_params(options)
+        extra = self._specific_params(options, model.is_integral)
         if extra:
             s.SetSolverSpecificParametersAsString(extra)
         if options.log:
@@ -314,7 +329,8 @@ class HighsBackend(Backend):
             return False
         return True
 
-    def solve(self, model: LinearModel, options: SolveOptions) -> SolveResult:
+    def solve(self, model: LinearModel, options: SolveOptions, *, relax: bool = False) -> SolveResult:
+        """Solve ``model`` (or, with ``relax``, its LP relaxation: integrality dropped)."""
         import highspy
         import numpy as np
 
@@ -322,6 +338,9 @@ class HighsBackend(Backend):
         n = len(model.vars)
         with _quiet_stdout():
             h = highspy.Highs()
+        if options.threads > 1 and hasattr(highspy.Highs, "resetGlobalScheduler"):
+            # HiGHS sizes its thread pool once per process; reset it so a later solve may use more
+            highspy.Highs.resetGlobalScheduler(True)
         h.setOptionValue("output_flag", bool(options.log))
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = n, len(model.constraints)
@@ -345,7 +364,7 @@ class HighsBackend(Backend):
         lp.a_matrix_.start_ = start
         lp.a_matrix_.index_ = np.array([r for col in cols for r, _ in col], dtype=np.int32)
         lp.a_matrix_.value_ = np.array([a for col in cols for _, a in col], dtype=float)
-        if any(v.integer for v in model.vars):
+        if any(v.integer for v in model.vars) and not relax:
             lp.integrality_ = [highspy.HighsVarType.kInteger if v.integer else highspy.HighsVarType.kContinuous
                                for v in model.vars]
         h.passModel(lp)
@@ -373,10 +392,13 @@ class HighsBackend(Backend):
             vals = list(h.getSolution().col_value)
             obj = model.objective.value(vals)
             optimal = ms == highspy.HighsModelStatus.kOptimal
-            bound = obj if optimal or not any(v.integer for v in model.vars) else _num(str(info.mip_dual_bound))
+            mip = any(v.integer for v in model.vars) and not relax
+            bound = obj if optimal or not mip else _num(str(info.mip_dual_bound))
             traj.record(obj, bound, elapsed)
+            rc = list(h.getSolution().col_dual) if (relax and optimal) else None
             return SolveResult(status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, backend=self.name,
-                               objective=obj, bound=bound, values=vals, solve_time_s=elapsed, trajectory=traj.points)
+                               objective=obj, bound=bound, values=vals, solve_time_s=elapsed, trajectory=traj.points,
+                               reduced_costs=rc)
         if ms in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
             return SolveResult(status=SolveStatus.NO_SOLUTION, backend=self.name, solve_time_s=elapsed,
                                bound=_num(str(info.mip_dual_bound)), trajectory=traj.points,
@@ -455,7 +477,8 @@ class PulpCbcBackend(Backend):
         fd, log_path = tempfile.mkstemp(prefix="tangram_cbc_", suffix=".log")
         os.close(fd)
         cmd = _pulp_cbc(msg=bool(options.log), timeLimit=max(1, int(math.ceil(options.time_limit_s))),
-                                threads=max(1, options.threads), gapRel=options.rel_gap, gapAbs=0.5,
+                                threads=max(1, options.threads), gapRel=options.rel_gap,
+                                gapAbs=0.5 if model.is_integral else 0.0,
                                 warmStart=warm, logPath=log_path, options=[f"randomSeed {options.seed + 1}"])
         traj = _Trajectory(options)
         try:
@@ -514,6 +537,30 @@ def get_backend(name: str) -> Backend:
     if not b.available():
         raise SolverUnavailableError(f"backend {key!r} is not installed or not usable on this machine")
     return b
+
+
+def lp_relaxation_bound(model: LinearModel, time_limit_s: float = 10.0, *, cutoff: float | None = None) -> float | None:
+    """Optimal value of the LP relaxation (a valid lower bound of the MILP), or None if HiGHS
+    could not solve it in time. Infeasible relaxations return +inf.
+
+    With ``cutoff`` (the objective of a known solution), reduced-cost fixing is applied to the
+    model in place: an integer column at 0 in the LP optimum whose reduced cost exceeds
+    ``cutoff - LP`` is 0 in every solution better than the cutoff, so its upper bound is set to 0.
+    """
+    b = HighsBackend()
+    if not b.available():
+        return None
+    res = b.solve(model, SolveOptions(time_limit_s=time_limit_s, use_hint=False), relax=True)
+    if res.status == SolveStatus.INFEASIBLE:
+        return math.inf
+    if res.status != SolveStatus.OPTIMAL or res.objective is None:
+        return None
+    if cutoff is not None and res.reduced_costs is not None and res.values is not None:
+        slack = cutoff - res.objective
+        for v, x, d in zip(model.vars, res.values, res.reduced_costs):
+            if v.integer and v.lb == 0 and x <= 1e-9 and d > slack + 1e-6 * max(1.0, abs(slack)):
+                model.set_upper_bound(v.index, 0.0)
+    return res.objective
 
 
 def available_backends() -> list[str]:

@@ -189,6 +189,13 @@ class LinearModel:
         self.constraints.append(con)
         return con
 
+    def set_upper_bound(self, index: int, ub: float) -> None:
+        """Tighten a variable's upper bound (e.g. reduced-cost fixing); the Var keeps its index."""
+        from dataclasses import replace
+
+        v = self.vars[index]
+        self.vars[index] = replace(v, ub=min(v.ub, float(ub)))
+
     def minimize(self, expr: object) -> None:
         self.objective = LinExpr.of(expr)
 
@@ -223,7 +230,9 @@ class LinearModel:
                 out.append(f"{v.name} = {val} is not integral")
         for k in self.constraints:
             act = sum(c * x[i] for i, c in k.coefs.items())
-            scale = max(1.0, abs(k.lb) if math.isfinite(k.lb) else 0.0, abs(k.ub) if math.isfinite(k.ub) else 0.0)
+            # relative to the row's magnitude, as solvers' feasibility tolerances are
+            scale = max(1.0, abs(k.lb) if math.isfinite(k.lb) else 0.0, abs(k.ub) if math.isfinite(k.ub) else 0.0,
+                        sum(abs(c * x[i]) for i, c in k.coefs.items()))
             if act < k.lb - tol * scale or act > k.ub + tol * scale:
                 out.append(f"{k.name}: {act} not in [{k.lb}, {k.ub}]")
         return out

@@ -86,7 +86,7 @@ def no_unknown_keys(field: str, data: Mapping[str, Any], known: Iterable[str], *
     known = set(known)
     for key in data:
         if key not in known:
-            close = sorted(known, key=lambda k: _distance(str(key), k))[:3]
+            close = closest(str(key), known)
             raise SpecError(f"{field}.{key}" if field else str(key), data[key], "is not a known field",
                             f"remove it or use one of: {', '.join(close)}", source=source)
 
@@ -111,7 +111,11 @@ def _distance(a: str, b: str) -> int:
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The ``n`` candidates closest to ``name`` (case-insensitive edit distance)."""
-    return sorted(candidates, key=lambda c: _distance(name.lower(), c.lower()))[:n]
+    # edit distance first; among ties, names that share a prefix with ``name``, then alphabetical,
+    # so suggestions are deterministic (``known`` is often a set)
+    low = name.lower()
+    return sorted(set(candidates), key=lambda c: (_distance(low, c.lower()), not c.lower().startswith(low[:3]),
+                                                   c))[:n]
 
 
 def near_misses(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
