@@ -2,7 +2,22 @@
 
 The layers run one way: specs (hardware, cluster, model, training) -> cost model -> islands and
 candidates -> formulation -> solver backends -> plan -> simulate / export / show.
+
+Quick use::
+
+    import tangram_opt as to
+    plan = to.solve("a100-v100", "llama-3-8b", to.TrainingSpec(global_batch_size=256, seq_len=4096,
+                    precision="fp16"), time_limit_s=60)
+    print(plan.summary())            # stages, memory, tokens/s, MFU and the certified gap
+    result = to.simulate(plan, to.load_cluster("a100-v100"), to.load_model("llama-3-8b"), ...)
+
+Heavy parts (planner, simulator, expert placement) are imported on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from tangram_opt.errors import (FormatError, InfeasibleError, NoSolutionError, SolverUnavailableError, SpecError,
                                 TangramError)
@@ -12,9 +27,43 @@ from tangram_opt.specs import (Cluster, GPUType, MLASpec, ModelSpec, MoESpec, No
 
 __version__ = "0.1.0"
 
+#: public name -> module that defines it (imported lazily by __getattr__)
+_LAZY = {
+    "solve": "tangram_opt.planner.search",
+    "SearchEvent": "tangram_opt.planner.search",
+    "SearchSpace": "tangram_opt.planner.space",
+    "Plan": "tangram_opt.planner.plan",
+    "PipelinePlan": "tangram_opt.planner.plan",
+    "StagePlan": "tangram_opt.planner.plan",
+    "Certificate": "tangram_opt.planner.plan",
+    "find_islands": "tangram_opt.planner.islands",
+    "islands_report": "tangram_opt.planner.islands",
+    "simulate": "tangram_opt.sim",
+    "validate": "tangram_opt.sim",
+    "place_experts": "tangram_opt.experts",
+    "load_profile": "tangram_opt.experts",
+    "CostModel": "tangram_opt.cost",
+    "Calibration": "tangram_opt.cost",
+    "StageConfig": "tangram_opt.cost",
+    "available_backends": "tangram_opt.solvers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tangram_opt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "TangramError", "SpecError", "FormatError", "InfeasibleError", "NoSolutionError", "SolverUnavailableError",
     "Cluster", "GPUType", "MLASpec", "ModelSpec", "MoESpec", "NodeGroup", "NodeSpec", "TrainingSpec", "ZoneLink",
     "example_clusters", "get_gpu_type", "load_cluster", "make_cluster", "register_gpu_type", "__version__",
-    "list_presets", "load_model", "load_training", "model_from_hf_config",
+    "list_presets", "load_model", "load_training", "model_from_hf_config", *_LAZY,
 ]

@@ -1,0 +1,134 @@
+"""The greedy baseline (and the MIP's warm start).
+
+1. Split every island into ``s`` equal stages (``s`` = 1, 2, 4, ...; the same for every island,
+   fewer where an island is too small), islands ordered along the pipeline by memory (largest
+   first: early stages hold the most in-flight micro-batches) or by throughput.
+2. Split the layers across stages in proportion to their aggregate dense peak throughput
+   (GPUs x peak FLOP/s), by largest remainder, at least one layer per stage.
+3. Per stage, pick the fastest configuration of that island and size that fits memory at its
+   position; stepping up tp, ZeRO or recomputation is how the enumeration reaches a fitting one.
+
+Every pipeline micro-batch size is tried and the best pipeline by the closed-form step time is
+returned. It is deliberately simple: proportional splitting ignores memory, communication and the
+bubble, which is what the MIP improves on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
+from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulation import StageChoice
+from tangram_opt.planner.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.plan import Plan
+
+
+@dataclass(slots=True)
+class GreedyResult:
+    plan: Plan
+    pipeline_micro_batch: int
+    choices: list[StageChoice]
+    step_time_s: float
+
+
+def _split(total: int, weights: list[float]) -> list[int] | None:
+    """Largest-remainder split of ``total`` in proportion to ``weights``, every part >= 1."""
+    n = len(weights)
+    if n > total:
+        return None
+    wsum = sum(weights)
+    raw = [total * w / wsum for w in weights]
+    parts = [max(1, int(r)) for r in raw]
+    while sum(parts) > total:
+        i = max((i for i in range(n) if parts[i] > 1), key=lambda i: parts[i] - raw[i])
+        parts[i] -= 1
+    while sum(parts) < total:
+        i = max(range(n), key=lambda i: raw[i] - parts[i])
+        parts[i] += 1
+    return parts
+
+
+def _layers_of(start: int, count: int, kinds: tuple[str, ...], layers: dict[str, int]) -> dict[str, int]:
+    """Kinds of layers ``start .. start+count-1`` (dense layers come first)."""
+    out = {k: 0 for k in kinds}
+    dense = layers.get("dense", 0)
+    for idx in range(start, start + count):
+        out["dense" if idx < dense and "dense" in out else kinds[-1]] += 1
+    return out
+
+
+def greedy(ctx: PlanningContext) -> GreedyResult | None:
+    """The best greedy pipeline over every pipeline micro-batch size (None if nothing fits)."""
+    per_b = greedy_by_micro_batch(ctx)
+    if not per_b:
+        return None
+    b, (t, choices) = min(per_b.items(), key=lambda kv: kv[1][0])
+    plan = make_plan(ctx, [pipeline_plan(ctx, ctx.problem(b), choices)], method="greedy")
+    return GreedyResult(plan=plan, pipeline_micro_batch=b, choices=choices, step_time_s=t)
+
+
+def greedy_by_micro_batch(ctx: PlanningContext) -> dict[int, tuple[float, list[StageChoice]]]:
+    """The best greedy pipeline for each pipeline micro-batch size where one fits."""
+    out: dict[int, tuple[float, list[StageChoice]]] = {}
+    L = ctx.model.num_layers
+    prec = ctx.training.precision
+    for b in ctx.pipeline_micro_batches():
+        cands = ctx.candidates(b)
+        if not cands:
+            continue
+        problem = ctx.problem(b)
+        m = problem.num_micro_batches
+        by_size: dict[tuple[int, int], list[int]] = {}
+        for ci, c in enumerate(cands):
+            by_size.setdefault((c.island, c.gpus), []).append(ci)
+        orders = [sorted(ctx.islands, key=lambda i: -i.node.gpu.hbm_bytes),
+                  sorted(ctx.islands, key=lambda i: -i.num_gpus * i.node.gpu.peak_flops_per_s(prec))]
+        best: tuple[float, list[StageChoice]] | None = None
+        s = 1
+        while s <= max(i.num_gpus for i in ctx.islands):
+            for order in orders:
+                stages: list[tuple[int, int]] = []  # (island index, gpus)
+                for isl in order:
+                    sizes = [g for g in isl.valid_stage_sizes() if g * s <= isl.num_gpus and (isl.index, g) in by_size]
+                    if sizes:
+                        stages += [(isl.index, max(sizes))] * s
+                if not stages or len(stages) > min(ctx.max_stages, L):
+                    continue
+                weights = [g * ctx.islands[i].node.gpu.peak_flops_per_s(prec) for i, g in stages]
+                split = _split(L, weights)
+                if split is None:
+                    continue
+                choices: list[StageChoice] = []
+                start = 0
+                for k, ((i, g), n) in enumerate(zip(stages, split)):
+                    layers = _layers_of(start, n, ctx.kinds, ctx.layers)
+                    start += n
+                    inflight = inflight_micro_batches(k, len(stages), m, problem.schedule)
+                    pick = _fastest_fitting([cands[ci] for ci in by_size[i, g]], by_size[i, g], layers, inflight,
+                                            first=k == 0, last=k == len(stages) - 1)
+                    if pick is None:
+                        break
+                    choices.append(StageChoice(candidate=pick, layers=layers))
+                else:
+                    t = choices_timing(problem, choices).step_time_s
+                    if best is None or t < best[0]:
+                        best = (t, choices)
+            s *= 2
+        if best is not None:
+            out[b] = best
+    return out
+
+
+def _fastest_fitting(rows: list[Candidate], idx: list[int], layers: dict[str, int], inflight: int, *, first: bool,
+                     last: bool) -> int | None:
+    best, best_t = None, float("inf")
+    for ci, c in zip(idx, rows):
+        if c.memory_bytes(layers, inflight, first=first, last=last) > c.capacity_bytes:
+            continue
+        t = sum(n * c.layer[k].time_s for k, n in layers.items() if n)
+        t += (c.embedding.time_s if first else 0.0) + (c.head.time_s if last else 0.0)
+        if t < best_t:
+            best, best_t = ci, t
+    return best

@@ -1,0 +1,590 @@
+"""The aggregated pipeline MIP (the planner's default; formulations/pipeline_mip.md §3).
+
+Instead of one binary per (position, candidate), a pipeline of P >= 2 stages is described by
+*stage types*: a type is a candidate with a fixed number of layers, priced exactly (time, tail,
+memory). The model chooses one first-stage type (it carries the embedding), one last-stage type
+(the head), and how many middle stages of each middle type to use (integer counts).
+
+Positions only matter through memory: under 1F1B a stage at distance r from the end keeps
+``min(r + 1, m)`` micro-batches in flight. A middle type tolerates at most ``f_s`` in flight, so
+it can sit at distances 1 .. f_s - 1. By Hall's theorem for these nested intervals, the chosen
+middle stages can be ordered to fit memory iff, for every q < m, at most ``q - 1`` of them have
+``f_s <= q`` — a handful of linear constraints replace the whole position dimension. The first
+stage sits at distance P - 1, so ``P <= f_first``.
+
+What the aggregated model relaxes (so its optimum is a valid lower bound): p2p traffic is priced
+at the cheapest link for every boundary, and the step tail only at the first stage (which has no
+stage upstream of it). The decoded plan is ordered (island blocks, memory-feasible) and evaluated
+exactly; the gap between that exact value and the bound is what the certificate reports.
+Plan-space convention for models with dense-first layers (DeepSeek): all dense layers are on the
+first stage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.pipeline_model import pipeline_timing
+from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
+
+ROLES = ("first", "mid", "last")
+
+
+@dataclass(frozen=True, slots=True)
+class StageType:
+    """A candidate with a fixed layer count in one role; ``tolerance`` = most micro-batches in
+    flight that still fit in memory (capped at m)."""
+
+    role: str
+    candidate: int
+    layers: tuple[tuple[str, int], ...]
+    time_s: float
+    fwd_s: float
+    bwd_s: float
+    tail_s: float
+    tolerance: int
+
+    @property
+    def layer_dict(self) -> dict[str, int]:
+        return dict(self.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(n for _, n in self.layers)
+
+
+def _tolerance(c: Candidate, layers: dict[str, int], *, first: bool, last: bool, q_min: int, m: int) -> int:
+    """Largest in-flight count q in [q_min, m] at which the stage fits (q_min - 1 if none)."""
+    if c.memory_bytes(layers, q_min, first=first, last=last) > c.capacity_bytes:
+        return q_min - 1
+    lo, hi = q_min, m
+    while lo < hi:  # memory is non-decreasing in q
+        mid = (lo + hi + 1) // 2
+        if c.memory_bytes(layers, mid, first=first, last=last) <= c.capacity_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _type_of(c: Candidate, ci: int, role: str, layers: dict[str, int], m: int, tolerance: int) -> StageType:
+    first, last = role == "first", role == "last"
+    fwd = sum(n * c.layer[k].fwd_time_s for k, n in layers.items() if n)
+    bwd = sum(n * c.layer[k].bwd_time_s for k, n in layers.items() if n)
+    tail = sum(n * c.layer[k].step_tail_time_s for k, n in layers.items() if n)
+    for use, lc in ((first, c.embedding), (last, c.head)):
+        if use:
+            fwd += lc.fwd_time_s
+            bwd += lc.bwd_time_s
+            tail += lc.step_tail_time_s
+    return StageType(role=role, candidate=ci, layers=tuple(sorted(layers.items())), time_s=fwd + bwd, fwd_s=fwd,
+                     bwd_s=bwd, tail_s=tail, tolerance=tolerance)
+
+
+def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> dict[str, list[StageType]]:
+    """Every (candidate, layer count) that fits in its role, Pareto-pruned per (island, GPUs, layers).
+
+    Pruning is exact for the aggregated model: a type is dropped only if another type of the same
+    island, size and layers is no slower, no worse in tail, and tolerates at least as many
+    micro-batches in flight.
+    """
+    m = problem.num_micro_batches
+    gpipe = problem.schedule == "gpipe"
+    q_mid = m if gpipe else min(2, m)
+    kinds = problem.kinds
+    two_kinds = len(kinds) == 2
+    tmax_cap = cutoff_s / m if cutoff_s else math.inf
+    out: dict[str, list[StageType]] = {r: [] for r in ROLES}
+    for ci, c in enumerate(problem.candidates):
+        for role in ROLES:
+            first, last = role == "first", role == "last"
+            q = 1 if (last and not gpipe) else q_mid
+            main = kinds[-1]  # MoE layers on two-kind models, the only kind otherwise
+            fixed = {kinds[0]: problem.layers[kinds[0]]} if (two_kinds and first) else {}
+            lo = 0 if fixed else 1
+            for n in range(lo, problem.layers[main] + 1):
+                layers = dict(fixed)
+                layers[main] = layers.get(main, 0) + n
+                if sum(layers.values()) < 1:
+                    continue
+                tol = _tolerance(c, layers, first=first, last=last, q_min=q, m=m)
+                if tol < q:
+                    break  # more layers only need more memory
+                t = _type_of(c, ci, role, layers, m, tol)
+                bottleneck = max(t.fwd_s, t.bwd_s) if gpipe else t.time_s
+                if bottleneck > tmax_cap * (2 if gpipe else 1):
+                    break
+                if gpipe and tol < m:
+                    continue
+                out[role].append(t)
+    cands = problem.candidates
+    for role in ROLES:
+        groups: dict[tuple, list[StageType]] = {}
+        for t in out[role]:
+            c = cands[t.candidate]
+            groups.setdefault((c.island, c.gpus, t.layers), []).append(t)
+        kept = []
+        for group in groups.values():
+            group.sort(key=lambda t: (t.time_s, t.tail_s, -t.tolerance, -t.bwd_s))
+            front: list[StageType] = []
+            for t in group:
+                if not any(f.time_s <= t.time_s and f.tail_s <= t.tail_s and f.tolerance >= t.tolerance
+                           and (not gpipe or (f.fwd_s <= t.fwd_s and f.bwd_s <= t.bwd_s)) for f in front):
+                    front.append(t)
+            kept.extend(front)
+        out[role] = kept
+    return out
+
+
+@dataclass(slots=True)
+class AggregatedMIP:
+    problem: PipelineProblem
+    options: FormulationOptions
+    model: LinearModel = field(default_factory=LinearModel)
+    types: dict[str, list[StageType]] = field(default_factory=dict)
+    n: dict[int, Var] = field(default_factory=dict)
+    o: dict[int, Var] = field(default_factory=dict)
+    e: dict[int, Var] = field(default_factory=dict)
+    h: dict[int, Var] = field(default_factory=dict)
+    a: dict[tuple[int, int], Var] = field(default_factory=dict)
+    aux: dict[str, Var] = field(default_factory=dict)
+    #: window on the bottleneck stage time: plans with Tmax in [lower_tmax_s, upper_tmax_s]. The
+    #: lower end must be a valid bound (e.g. the fluid bound) or the window's own lower edge.
+    lower_tmax_s: float = 0.0
+    upper_tmax_s: float = math.inf
+    #: stage types computed once per sub-problem and reused by every window (None: enumerate)
+    all_types: dict[str, list[StageType]] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.types.get("first") and self.types.get("last"))
+
+    def build(self) -> AggregatedMIP:
+        p, o = self.problem, self.options
+        md = self.model
+        md.name = f"aggregated_b{p.pipeline_micro_batch}_m{p.num_micro_batches}"
+        types = self.all_types if self.all_types is not None else enumerate_types(p, o.cutoff_s)
+        gpipe_ = p.schedule == "gpipe"
+        hi = self.upper_tmax_s
+        self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)]
+                      for role, ts in types.items()}
+        if self.empty or p.max_stages < 2:
+            return self
+        m, R, tick = p.num_micro_batches, p.max_stages, o.tick_s
+        gpipe = p.schedule == "gpipe"
+        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731  lower-bound rounding
+        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731  upper-bound rounding
+        cands = p.candidates
+        mids, firsts, lasts = self.types["mid"], self.types["first"], self.types["last"]
+        # upper bound on every time-valued auxiliary: the cutoff (objective of a known plan) when
+        # there is one; tight bounds keep LP-based solvers out of numerical trouble
+        big_t = ce(o.cutoff_s) + 1 if o.cutoff_s else 2**40
+        tl = fl(self.lower_tmax_s)
+
+        for si, t in enumerate(mids):
+            c = cands[t.candidate]
+            ub = min(p.island_gpus[c.island] // c.gpus, p.layers[p.kinds[-1]] // max(1, t.num_layers), R - 2)
+            if not gpipe and t.tolerance < m:
+                ub = min(ub, t.tolerance - 1)
+            if ub < 1:
+                continue
+            self.n[si] = md.add_var(f"n[{si}]", 0, ub, integer=True)
+            self.o[si] = md.add_binary(f"o[{si}]")  # type s used at all
+            md.add(self.n[si] <= ub * self.o[si], f"use[{si}]")
+            md.add(self.o[si] <= self.n[si], f"use_lb[{si}]")
+        for si, t in enumerate(firsts):
+            self.e[si] = md.add_binary(f"e[{si}]")
+        for si, t in enumerate(lasts):
+            self.h[si] = md.add_binary(f"h[{si}]")
+        md.add(lsum(self.e.values()) == 1, "one_first")
+        md.add(lsum(self.h.values()) == 1, "one_last")
+        n_mid = lsum(self.n.values())
+
+        for k in p.kinds:
+            expr = LinExpr()
+            for si, var in self.n.items():
+                expr.add_term(var, mids[si].layer_dict.get(k, 0))
+            for si, var in self.e.items():
+                expr.add_term(var, firsts[si].layer_dict.get(k, 0))
+            for si, var in self.h.items():
+                expr.add_term(var, lasts[si].layer_dict.get(k, 0))
+            md.add(expr == p.layers[k], f"layers[{k}]")
+
+        islands = sorted(p.island_gpus)
+        for i in islands:
+            expr = LinExpr()
+            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+                for si, var in group.items():
+                    c = cands[tys[si].candidate]
+                    if c.island == i:
+                        expr.add_term(var, c.gpus)
+            md.add(expr <= p.island_gpus[i], f"gpus[{i}]")
+
+        # positions: P = 2 + n_mid <= R; memory by Hall's condition; first stage at distance P - 1
+        md.add(n_mid <= R - 2, "max_stages")
+        if p.min_stages > 2:
+            md.add(n_mid >= p.min_stages - 2, "min_stages")
+        if not gpipe:
+            for q in range(2, min(m, R)):
+                few = [var for si, var in self.n.items() if mids[si].tolerance <= q]
+                if few:
+                    md.add(lsum(few) <= q - 1, f"hall[{q}]")
+            cap_first = LinExpr()
+            for si, var in self.e.items():
+                tol = firsts[si].tolerance
+                cap_first.add_term(var, tol if tol < m else R)
+            md.add(2 + n_mid <= cap_first, "first_position")
+
+        # bottleneck and link terms
+        if gpipe:
+            Fmax = self.aux["Fmax"] = md.add_var("Fmax", fl(self.lower_tmax_s / 2), big_t, integer=True)
+            Bmax = self.aux["Bmax"] = md.add_var("Bmax", 0, big_t, integer=True)
+            for si, ov in self.o.items():
+                if fl(mids[si].fwd_s) + fl(mids[si].bwd_s) > tl:
+                    md.add(Fmax >= fl(mids[si].fwd_s) * ov, f"Fmax[{si}]")
+                    md.add(Bmax >= fl(mids[si].bwd_s) * ov, f"Bmax[{si}]")
+            for group, tys, nm in ((self.e, firsts, "first"), (self.h, lasts, "last")):
+                md.add(Fmax >= lsum(fl(tys[si].fwd_s) * var for si, var in group.items()), f"Fmax_{nm}")
+                md.add(Bmax >= lsum(fl(tys[si].bwd_s) * var for si, var in group.items()), f"Bmax_{nm}")
+            bottleneck: LinExpr = Fmax + Bmax
+        else:
+            Tmax = self.aux["Tmax"] = md.add_var("Tmax", tl, ce(hi) if math.isfinite(hi) else big_t, integer=True)
+            for si, ov in self.o.items():
+                if fl(mids[si].time_s) > tl:
+                    md.add(Tmax >= fl(mids[si].time_s) * ov, f"Tmax[{si}]")
+            for group, tys, nm in ((self.e, firsts, "first"), (self.h, lasts, "last")):
+                md.add(Tmax >= lsum(fl(tys[si].time_s) * var for si, var in group.items()), f"Tmax_{nm}")
+            bottleneck = LinExpr.of(Tmax)
+        if not gpipe and o.mccormick_cuts:
+            # per candidate c: every stage using c takes at most Tmax, so sum_stages T <= Tmax * N_c.
+            # McCormick over Tmax in [tl, inf) and N_c in [0, U_c] linearizes the product:
+            # sum_stages T <= tl * N_c + U_c * (Tmax - tl)
+            per_cand: dict[int, LinExpr] = {}
+            count: dict[int, LinExpr] = {}
+            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+                for si, var in group.items():
+                    ci = tys[si].candidate
+                    per_cand.setdefault(ci, LinExpr()).add_term(var, fl(tys[si].time_s))
+                    count.setdefault(ci, LinExpr()).add_term(var, 1)
+            for ci, expr in per_cand.items():
+                c = cands[ci]
+                u_c = min(p.island_gpus[c.island] // c.gpus, R)
+                md.add(expr <= tl * count[ci] + u_c * (Tmax - tl), f"mccormick[{ci}]")
+        c_min = fl(min(p.p2p_s.values()))
+        # Smax: the steady period per micro-batch; the window [lo, hi] applies to it (Tmax <= Smax)
+        Smax = self.aux["Smax"] = md.add_var("Smax", max(tl, c_min) if not gpipe else c_min,
+                                             ce(hi) if math.isfinite(hi) else big_t, integer=True)
+        md.add(Smax >= bottleneck, "Smax")
+
+        if o.fluid_cuts:
+            for i in islands:
+                expr = LinExpr()
+                for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+                    for si, var in group.items():
+                        t = tys[si]
+                        c = cands[t.candidate]
+                        if c.island == i:
+                            expr.add_term(var, c.gpus * fl(t.time_s))
+                md.add(expr <= p.island_gpus[i] * Smax, f"fluid[{i}]")
+
+        # p2p: a[i, j] counts pipeline boundaries from a stage on island i to one on island j. Every
+        # stage but the last sends once and every stage but the first receives once, so for any
+        # order of the chosen stages the true counts satisfy these degree equations; total p2p time
+        # is then exactly sum c_ij a_ij (a relaxation only in that the path itself is not enforced).
+        isl_of = lambda tys, si: cands[tys[si].candidate].island  # noqa: E731
+        on_island = {i: LinExpr() for i in islands}
+        first_on = {i: LinExpr() for i in islands}
+        last_on = {i: LinExpr() for i in islands}
+        for group, tys in ((self.e, firsts), (self.n, mids), (self.h, lasts)):
+            for si, var in group.items():
+                i = isl_of(tys, si)
+                on_island[i].add_term(var, 1)
+                if group is self.e:
+                    first_on[i].add_term(var, 1)
+                if group is self.h:
+                    last_on[i].add_term(var, 1)
+        self.a = {(i, j): md.add_var(f"a[{i},{j}]", 0, R, integer=True) for i in islands for j in islands}
+        for i in islands:
+            md.add(lsum(self.a[i, j] for j in islands) == on_island[i] - last_on[i], f"out[{i}]")
+            md.add(lsum(self.a[j, i] for j in islands) == on_island[i] - first_on[i], f"in[{i}]")
+            # a path has at most n_i - 1 boundaries inside island i (no self-loop on a lone stage)
+            yi = self.aux[f"on[{i}]"] = md.add_binary(f"on[{i}]")
+            md.add(on_island[i] <= R * yi, f"on_def[{i}]")
+            md.add(yi <= on_island[i], f"on_def2[{i}]")
+            md.add(self.a[i, i] <= on_island[i] - yi, f"inner[{i}]")
+        Cm = self.aux["Cm"] = md.add_var("Cm", 0, big_t, integer=True)
+        md.add(Cm == lsum(fl(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands), "comm")
+        sent_ub = lsum(ce(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands)
+        # a link used at all bounds the period (each direction carries one transfer per micro-batch)
+        for (i, j), av in self.a.items():
+            cij = fl(p.p2p_s[i, j])
+            if cij > (tl if not gpipe else 0):
+                wv = self.aux[f"w[{i},{j}]"] = md.add_binary(f"w[{i},{j}]")
+                md.add(av <= R * wv, f"link_used[{i},{j}]")
+                if gpipe:
+                    md.add(self.aux["Fmax"] >= cij * wv, f"link_F[{i},{j}]")
+                    md.add(self.aux["Bmax"] >= cij * wv, f"link_B[{i},{j}]")
+                else:
+                    md.add(Smax >= cij * wv, f"link_S[{i},{j}]")
+        if not gpipe and m > 2 and math.isfinite(hi):
+            # 1F1B in-flight limit over the whole pipeline: Smax * P >= sum T + 2 * sum c when P < m,
+            # with McCormick over Smax in [lo, hi] and P = 2 + n_mid in [2, R] for the product; the
+            # binary `short` says P <= m - 1 and switches the rows off otherwise
+            lo_t, hi_t = max(tl, c_min), ce(hi)
+            round_trip = total_T_expr(self, fl) + 2 * Cm
+            big = R * hi_t + 2 * R * ce(max(p.p2p_s.values()))
+            relax = LinExpr()
+            if R >= m:
+                short = self.aux["short"] = md.add_binary("short")
+                md.add(2 + n_mid <= (m - 1) + (R - m + 1) * (1 - short), "short_def")
+                md.add(2 + n_mid >= m * (1 - short), "short_def2")
+                relax = big * (1 - short)
+            md.add(hi_t * (2 + n_mid) + 2 * Smax - 2 * hi_t + relax >= round_trip, "cycle_hi")
+            md.add(lo_t * (2 + n_mid) + R * Smax - R * lo_t + relax >= round_trip, "cycle_lo")
+        out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
+        out_max = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
+
+        # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
+        # nothing upstream; for any other stage the upstream time is at most every stage's
+        # backward except its own and the last stage's, plus every link at its slowest. Backward
+        # and link times are rounded up, so each constraint is a valid lower bound on the exact Y.
+        Y = self.aux["Y"] = md.add_var("Y", 0, big_t, integer=True)
+        first_bwd = lsum(ce(firsts[si].bwd_s) * var for si, var in self.e.items())
+        mid_bwd = lsum(ce(mids[si].bwd_s) * var for si, var in self.n.items())
+        md.add(Y >= lsum(fl(firsts[si].tail_s) * var for si, var in self.e.items()), "tail_first")
+        U = self.aux["U"] = md.add_var("U", 0, big_t, integer=True)  # upper bound on any upstream time
+        md.add(U == first_bwd + mid_bwd + sent_ub, "upstream")
+        md.add(Y >= lsum(fl(lasts[si].tail_s) * var for si, var in self.h.items()) - U, "tail_last")
+        # the most upstream middle stage of island i has every other middle stage of island i
+        # downstream of it: Y >= min_{s used on i} tail'_s + (their backward + sends) - U
+        for i in islands:
+            ids = [si for si in self.o if isl_of(mids, si) == i]
+            if not ids:
+                continue
+            net = {si: fl(mids[si].tail_s) + ce(mids[si].bwd_s) - fl(mids[si].bwd_s) + out_max[i] - out_min[i]
+                   for si in ids}
+            big = max(net.values())
+            if big <= 0:
+                continue
+            mt = self.aux[f"mt[{i}]"] = md.add_var(f"mt[{i}]", 0, big, integer=True)
+            for si in ids:
+                md.add(mt <= net[si] + big * (1 - self.o[si]), f"mt_min[{i},{si}]")
+            md.add(mt <= big * lsum(self.o[si] for si in ids), f"mt_used[{i}]")
+            down = lsum((fl(mids[si].bwd_s) + out_min[i]) * self.n[si] for si in ids)
+            md.add(Y >= mt + down - U, f"tail_island[{i}]")
+        for si, ov in self.o.items():
+            t = mids[si]
+            if fl(t.tail_s) > 0:
+                # the most upstream copy of type s has its n_s - 1 siblings downstream of it
+                sibling = fl(t.bwd_s) + out_min[isl_of(mids, si)]
+                md.add(Y >= (fl(t.tail_s) + ce(t.bwd_s) - sibling) * ov + sibling * self.n[si] - U,
+                       f"tail_mid[{si}]")
+
+        md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
+        return self
+
+    # --- solutions -----------------------------------------------------------------------
+    def stage_multiset(self, values: Sequence[float]) -> tuple[StageType, list[StageType], StageType]:
+        first = next(self.types["first"][si] for si, v in self.e.items() if values[v.index] > 0.5)
+        last = next(self.types["last"][si] for si, v in self.h.items() if values[v.index] > 0.5)
+        mids = [self.types["mid"][si] for si, v in self.n.items() for _ in range(int(round(values[v.index])))]
+        return first, mids, last
+
+    def decode(self, values: Sequence[float]) -> list[StageChoice]:
+        """The best memory-feasible order of the chosen stages (exact evaluation)."""
+        first, mids, last = self.stage_multiset(values)
+        return best_order(self.problem, first, mids, last)
+
+    def hint_from(self, stages: Sequence[StageChoice]) -> dict[Var, float] | None:
+        """Encode a pipeline (pipeline order) as variable values, if it is in the aggregated space."""
+        if len(stages) < 2:
+            return None
+        cands = self.problem.candidates
+        vals: dict[Var, float] = {v: 0.0 for v in self.model.vars}
+
+        def find(role: str, st: StageChoice) -> int | None:
+            layers = tuple(sorted({k: st.layers.get(k, 0) for k in self.problem.kinds}.items()))
+            c = cands[st.candidate]
+            best = None
+            for si, t in enumerate(self.types[role]):
+                tc = cands[t.candidate]
+                if t.layers == layers and tc.island == c.island and tc.gpus == c.gpus:
+                    if t.candidate == st.candidate:
+                        return si
+                    best = si if best is None else best
+            return best
+
+        fi, la = find("first", stages[0]), find("last", stages[-1])
+        if fi is None or la is None or fi not in self.e or la not in self.h:
+            return None
+        vals[self.e[fi]] = 1.0
+        vals[self.h[la]] = 1.0
+        used: list[StageType] = [self.types["first"][fi], self.types["last"][la]]
+        for st in stages[1:-1]:
+            si = find("mid", st)
+            if si is None or si not in self.n:
+                return None
+            vals[self.n[si]] += 1.0
+            if si in self.o:
+                vals[self.o[si]] = 1.0
+            used.append(self.types["mid"][si])
+        for st_a, st_b in zip(stages, stages[1:]):
+            key = (cands[st_a.candidate].island, cands[st_b.candidate].island)
+            vals[self.a[key]] += 1.0
+            if f"w[{key[0]},{key[1]}]" in self.aux:
+                vals[self.aux[f"w[{key[0]},{key[1]}]"]] = 1.0
+        for key, var in self.aux.items():
+            if key.startswith("on["):
+                i = int(key[3:-1])
+                vals[var] = 1.0 if any(cands[st.candidate].island == i for st in stages) else 0.0
+        if "short" in self.aux:
+            vals[self.aux["short"]] = 1.0 if len(stages) <= self.problem.num_micro_batches - 1 else 0.0
+        return _complete_aux(self.model, vals, self.aux)
+
+
+def total_T_expr(mip: AggregatedMIP, fl) -> LinExpr:  # type: ignore[no-untyped-def]
+    """Sum over the chosen stages of their forward+backward time (rounded down to ticks)."""
+    e = LinExpr()
+    for group, tys in ((mip.n, mip.types["mid"]), (mip.e, mip.types["first"]), (mip.h, mip.types["last"])):
+        for si, var in group.items():
+            e.add_term(var, fl(tys[si].time_s))
+    return e
+
+
+def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var]) -> dict[Var, float]:
+    """Fill auxiliary variables from the structural ones: equality-defined ones (Cm, U) from their
+    row, min-type ones (mt[i]) at the largest value their rows allow, max-type ones (Tmax, Smax,
+    Y, ...) at the smallest. Two passes settle the dependencies between them."""
+    x_of = {v.index: val for v, val in vals.items()}
+
+    def rows_of(var: Var):  # type: ignore[no-untyped-def]
+        for con in model.constraints:
+            a = con.coefs.get(var.index, 0.0)
+            if a:
+                rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
+                yield con, a, rest
+
+    order = [k for k in ("Cm", "U") if k in aux] + sorted(k for k in aux if k.startswith("mt[")) + [
+        k for k in ("Tmax", "Fmax", "Bmax", "Smax", "Y") if k in aux]
+    for _ in range(2):
+        for name in order:
+            var = aux[name]
+            if name in ("Cm", "U"):
+                con, a, rest = next((c, a, r) for c, a, r in rows_of(var) if c.lb == c.ub)
+                val = (con.lb - rest) / a
+            elif name.startswith("mt["):
+                val = var.ub
+                for con, a, rest in rows_of(var):
+                    if a > 0 and not math.isinf(con.ub):
+                        val = min(val, (con.ub - rest) / a)
+                val = max(0.0, math.floor(val + 1e-9))
+            else:
+                val = var.lb
+                for con, a, rest in rows_of(var):
+                    if a > 0 and not math.isinf(con.lb):
+                        val = max(val, (con.lb - rest) / a)
+                    elif a < 0 and not math.isinf(con.ub):
+                        val = max(val, (con.ub - rest) / a)
+                val = math.ceil(val - 1e-9)
+            vals[var] = float(round(val)) if name in ("Cm", "U") else float(val)
+            x_of[var.index] = vals[var]
+    return vals
+
+
+def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType], last: StageType) -> list[StageChoice]:
+    """Order the middle stages and polish the layer split on the exact objective.
+
+    Orders tried: island blocks in every island order (within a block, most memory-tolerant first,
+    or largest step tail last), and the pure memory order (always feasible by Hall's condition).
+    The best memory-feasible order is then improved by moving single layers between neighbouring
+    stages while the exact step time drops (memory re-checked at every move).
+    """
+    cands = problem.candidates
+    m = problem.num_micro_batches
+    P = len(mids) + 2
+    gpipe = problem.schedule == "gpipe"
+
+    def feasible(order: list[StageType]) -> bool:
+        if gpipe:
+            return True
+        for k, t in enumerate(order):
+            r = P - 2 - k  # distance from the end of middle stage k (pipeline index k + 1)
+            if t.tolerance < min(r + 1, m):
+                return False
+        return True
+
+    keys = (lambda t: -t.tolerance, lambda t: (t.tail_s - t.bwd_s, -t.tolerance))
+    orders: list[list[StageType]] = [sorted(mids, key=keys[0])]
+    islands = sorted({cands[t.candidate].island for t in mids})
+    if len(islands) <= 5:
+        for perm in itertools.permutations(islands):
+            for key in keys:
+                orders.append([t for i in perm for t in sorted(
+                    (t for t in mids if cands[t.candidate].island == i), key=key)])
+    best, best_t = None, math.inf
+    for order in orders:
+        if not feasible(order):
+            continue
+        stages = [StageChoice(candidate=t.candidate, layers=t.layer_dict) for t in [first, *order, last]]
+        t = _exact(problem, stages)
+        if t < best_t:
+            best, best_t = stages, t
+    assert best is not None, "Hall's condition guarantees the memory order is feasible"
+    return polish(problem, best)
+
+
+def _exact(problem: PipelineProblem, stages: Sequence[StageChoice]) -> float:
+    cands = problem.candidates
+    p2p = [problem.p2p_s[cands[a.candidate].island, cands[b.candidate].island] for a, b in zip(stages, stages[1:])]
+    return pipeline_timing([(cands[s.candidate], s.layers) for s in stages], p2p, problem.num_micro_batches,
+                           problem.schedule).step_time_s
+
+
+def _fits(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
+    cands = problem.candidates
+    P, m = len(stages), problem.num_micro_batches
+    for k, st in enumerate(stages):
+        if sum(st.layers.values()) < 1:
+            return False
+        inflight = m if problem.schedule == "gpipe" else min(P - k, m)
+        c = cands[st.candidate]
+        if c.memory_bytes(st.layers, inflight, first=k == 0, last=k == P - 1) > c.capacity_bytes:
+            return False
+    return True
+
+
+def polish(problem: PipelineProblem, stages: list[StageChoice], max_rounds: int = 200) -> list[StageChoice]:
+    """Local search on the exact step time: move one layer across a stage boundary while it helps.
+
+    Layers keep their model order (a layer moves from the end of one stage to the start of the
+    next, or back), so dense-first order is preserved.
+    """
+    cur = [StageChoice(candidate=s.candidate, layers=dict(s.layers)) for s in stages]
+    cur_t = _exact(problem, cur)
+    kinds = problem.kinds
+    for _ in range(max_rounds):
+        improved = False
+        for k in range(len(cur) - 1):
+            for direction in (1, -1):
+                src, dst = (k, k + 1) if direction == 1 else (k + 1, k)
+                # the layer crossing the boundary: last layer of stage k, or first of stage k + 1
+                kind = next((kd for kd in reversed(kinds) if cur[k].layers.get(kd, 0)), None) if direction == 1 \
+                    else next((kd for kd in kinds if cur[k + 1].layers.get(kd, 0)), None)
+                if kind is None or cur[src].layers.get(kind, 0) < 1:
+                    continue
+                trial = [StageChoice(candidate=s.candidate, layers=dict(s.layers)) for s in cur]
+                trial[src].layers[kind] -= 1
+                trial[dst].layers[kind] = trial[dst].layers.get(kind, 0) + 1
+                if not _fits(problem, trial):
+                    continue
+                t = _exact(problem, trial)
+                if t < cur_t * (1 - 1e-12):
+                    cur, cur_t, improved = trial, t, True
+        if not improved:
+            break
+    return cur

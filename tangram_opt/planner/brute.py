@@ -1,0 +1,86 @@
+"""Exhaustive enumeration of the single-pipeline plan space, for tiny instances.
+
+Used by the tests (and available to anyone studying the formulation) to check that solve() finds
+no worse a plan than the best one that exists: every pipeline micro-batch size, every depth up to
+``max_stages``, every split of the layers into contiguous stages, and every candidate per stage,
+subject to the GPU budget of each island and the memory of each stage at its 1F1B position.
+The cost is the closed-form model (pipeline_model.pipeline_timing), the same one the MIP certifies.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tangram_opt.planner.assemble import choices_timing
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulation import PipelineProblem, StageChoice
+from tangram_opt.planner.pipeline_model import inflight_micro_batches
+
+
+@dataclass(frozen=True, slots=True)
+class BruteForceResult:
+    step_time_s: float
+    pipeline_micro_batch: int
+    choices: tuple[StageChoice, ...]
+    plans_evaluated: int
+
+
+def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    for cut in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cut, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def _layers_of(start: int, count: int, problem: PipelineProblem) -> dict[str, int]:
+    dense = problem.layers.get("dense", 0) if len(problem.kinds) == 2 else 0
+    out = {k: 0 for k in problem.kinds}
+    for idx in range(start, start + count):
+        out[problem.kinds[0] if idx < dense else problem.kinds[-1]] += 1
+    return out
+
+
+def brute_force(ctx: PlanningContext, *, max_stages: int | None = None,
+                dense_on_first_stage: bool = True) -> BruteForceResult | None:
+    """Best plan by exhaustive search (None if nothing fits).
+
+    ``dense_on_first_stage`` applies the aggregated formulation's convention for models with
+    dense-first layers (all of them on the first stage); set it False to search the larger space.
+    """
+    R = max_stages or ctx.max_stages
+    best: tuple[float, int, tuple[StageChoice, ...]] | None = None
+    count = 0
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b, max_stages=R)
+        cands = problem.candidates
+        m = problem.num_micro_batches
+        L = sum(problem.layers.values())
+        for P in range(1, min(R, L) + 1):
+            for split in _compositions(L, P):
+                if dense_on_first_stage and len(problem.kinds) == 2 and P > 1 and split[0] < problem.layers["dense"]:
+                    continue
+                starts = [sum(split[:k]) for k in range(P)]
+                layer_sets = [_layers_of(starts[k], split[k], problem) for k in range(P)]
+                options = []
+                for k in range(P):
+                    inflight = inflight_micro_batches(k, P, m, problem.schedule)
+                    options.append([ci for ci, c in enumerate(cands) if c.memory_bytes(
+                        layer_sets[k], inflight, first=k == 0, last=k == P - 1) <= c.capacity_bytes])
+                for pick in itertools.product(*options):
+                    used: dict[int, int] = {}
+                    for ci in pick:
+                        used[cands[ci].island] = used.get(cands[ci].island, 0) + cands[ci].gpus
+                    if any(g > problem.island_gpus[i] for i, g in used.items()):
+                        continue
+                    choices = tuple(StageChoice(candidate=ci, layers=layer_sets[k]) for k, ci in enumerate(pick))
+                    t = choices_timing(problem, list(choices)).step_time_s
+                    count += 1
+                    if best is None or t < best[0] - 1e-15:
+                        best = (t, b, choices)
+    if best is None:
+        return None
+    return BruteForceResult(step_time_s=best[0], pipeline_micro_batch=best[1], choices=best[2], plans_evaluated=count)
+
+
+__all__ = ["BruteForceResult", "brute_force"]

@@ -1,0 +1,216 @@
+"""Candidates: every valid homogeneous stage configuration per island, with its cost coefficients.
+
+This is the "homogeneous parallelizer" behind a narrow protocol (:class:`CandidateProvider`): the
+formulation only ever sees :class:`Candidate` rows (numbers), never the cost model, so a user can
+plug in another homogeneous planner or measured profiles.
+
+Pruning is exact: a candidate is dropped only when another candidate of the same island is at
+least as good in every coefficient the formulation uses (Pareto dominance), or when it cannot hold
+a single layer anywhere in the pipeline (memory pre-filter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tangram_opt.cost import CostModel, LayerCost, StageConfig
+from tangram_opt.planner.islands import Island
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.specs.model import LAYER_KINDS, ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One stage configuration on one island for one pipeline micro-batch size.
+
+    ``layer[kind]`` is the cost of one transformer block of that kind; ``embedding`` and ``head``
+    are the extra costs of the first and last stage; ``capacity_bytes`` the usable memory per GPU.
+    """
+
+    island: int
+    config: StageConfig
+    layer: dict[str, LayerCost]
+    embedding: LayerCost
+    head: LayerCost
+    capacity_bytes: float
+    label: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.config.gpus
+
+    @property
+    def layer_transient_bytes(self) -> float:
+        return max((c.transient_bytes for c in self.layer.values()), default=0.0)
+
+    def max_layers(self, kind: str, inflight: int, *, first: bool, last: bool) -> int:
+        """Most layers of ``kind`` that fit in memory at a stage with ``inflight`` micro-batches."""
+        free = self.capacity_bytes - self.fixed_bytes(inflight, first=first, last=last)
+        c = self.layer[kind]
+        per = c.static_bytes + c.activation_bytes * inflight
+        if free < 0:
+            return 0
+        return int(free // per) if per > 0 else 10**9
+
+    def fixed_bytes(self, inflight: int, *, first: bool, last: bool) -> float:
+        """Memory that does not scale with the layer count: embedding, head, scratch."""
+        b = self.layer_transient_bytes
+        if first:
+            e = self.embedding
+            b += e.static_bytes + e.activation_bytes * inflight
+        if last:
+            h = self.head
+            b += h.static_bytes + h.activation_bytes * inflight + h.transient_bytes
+        return b
+
+    def memory_bytes(self, layers: dict[str, int], inflight: int, *, first: bool, last: bool) -> float:
+        """Peak bytes per GPU of a stage holding ``layers`` (kind -> count)."""
+        total = self.fixed_bytes(inflight, first=first, last=last)
+        for kind, n in layers.items():
+            if n:
+                c = self.layer[kind]
+                total += n * (c.static_bytes + c.activation_bytes * inflight)
+        return total
+
+
+class CandidateProvider(Protocol):
+    """Supplies the candidate table for one island and one pipeline micro-batch size."""
+
+    def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]: ...
+
+
+@dataclass(slots=True)
+class PruningStats:
+    """Candidate counts per (island, pipeline micro-batch): enumerated, valid, fitting, Pareto-optimal."""
+
+    enumerated: int = 0
+    invalid: int = 0
+    no_fit: int = 0
+    dominated: int = 0
+    kept: int = 0
+    by_key: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+
+    def merge(self, other: PruningStats) -> None:
+        self.enumerated += other.enumerated
+        self.invalid += other.invalid
+        self.no_fit += other.no_fit
+        self.dominated += other.dominated
+        self.kept += other.kept
+        self.by_key.update(other.by_key)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class AnalyticalCandidates:
+    """The default provider: enumerate the search space and price it with the cost model."""
+
+    def __init__(self, model: ModelSpec, cost: CostModel, space: SearchSpace):
+        self.model = model
+        self.cost = cost
+        self.space = space
+        self.stats = PruningStats()
+        self._cache: dict[tuple[int, int], list[Candidate]] = {}
+
+    def configs(self, island: Island, b: int) -> list[StageConfig]:
+        """Every stage configuration of the search space with pipeline micro-batch ``b`` on ``island``."""
+        sp, m = self.space, self.model
+        sizes = set(island.valid_stage_sizes())
+        tps = sp.tp if sp.tp is not None else [d for d in _divisors(island.gpus_per_node)]
+        out = []
+        for tp in tps:
+            for cp in sp.cp:
+                for dp in _divisors(b):
+                    mb = b // dp
+                    if mb not in sp.micro_batch_sizes or tp * cp * dp not in sizes:
+                        continue
+                    if m.moe is None:
+                        eps = [1]
+                    elif sp.ep is not None:
+                        eps = [e for e in sp.ep if (dp * cp) % e == 0 and m.moe.num_experts % e == 0]
+                    else:
+                        eps = [e for e in _divisors(dp * cp) if m.moe.num_experts % e == 0]
+                    for ep in eps:
+                        for zero in sp.zero:
+                            if zero > 0 and dp * cp == 1:
+                                continue  # nothing to shard over: identical to ZeRO-0
+                            for rc in sp.recompute:
+                                out.append(StageConfig(tp=tp, cp=cp, dp=dp, ep=ep, zero=zero, recompute=rc,
+                                                       micro_batch_size=mb))
+        return out
+
+    def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
+        key = (island.index, pipeline_micro_batch)
+        if key in self._cache:
+            return self._cache[key]
+        st = PruningStats()
+        kinds = [k for k in LAYER_KINDS if self.model.layers_of_kind(k)]
+        cap = self.cost.usable_memory_bytes(island.node)
+        rows: list[Candidate] = []
+        for cfg in self.configs(island, pipeline_micro_batch):
+            st.enumerated += 1
+            if self.cost.check_config(island.node, cfg):
+                st.invalid += 1
+                continue
+            cand = Candidate(island=island.index, config=cfg,
+                             layer={k: self.cost.layer(island.node, cfg, k) for k in kinds},
+                             embedding=self.cost.embedding(island.node, cfg), head=self.cost.head(island.node, cfg),
+                             capacity_bytes=cap, label=f"{island.name}:{cfg.label}")
+            # memory pre-filter: must hold one layer of some kind in the most favourable position
+            if all(cand.max_layers(k, 1, first=False, last=False) < 1 for k in kinds):
+                st.no_fit += 1
+                continue
+            rows.append(cand)
+        kept = pareto_filter(rows, kinds, schedule=self.space.schedule)
+        st.dominated = len(rows) - len(kept)
+        st.kept = len(kept)
+        st.by_key[key] = (st.enumerated, st.kept)
+        self.stats.merge(st)
+        self._cache[key] = kept
+        return kept
+
+
+def coefficient_matrix(rows: Sequence[Candidate], kinds: Sequence[str], *, schedule: str) -> np.ndarray:
+    """Every coefficient the formulation reads, oriented so that smaller is better."""
+    vecs = []
+    for c in rows:
+        v = [float(c.gpus), c.layer_transient_bytes]
+        for k in kinds:
+            lc = c.layer[k]
+            v += [lc.static_bytes, lc.activation_bytes, lc.step_tail_time_s]
+            v += [lc.fwd_time_s, lc.bwd_time_s] if schedule == "gpipe" else [lc.time_s, -lc.bwd_time_s]
+        for lc in (c.embedding, c.head):
+            v += [lc.static_bytes, lc.activation_bytes, lc.transient_bytes, lc.step_tail_time_s]
+            v += [lc.fwd_time_s, lc.bwd_time_s] if schedule == "gpipe" else [lc.time_s, -lc.bwd_time_s]
+        v.append(-c.capacity_bytes)
+        vecs.append(v)
+    return np.array(vecs, dtype=float).reshape(len(rows), -1)
+
+
+def pareto_filter(rows: list[Candidate], kinds: Sequence[str], *, schedule: str) -> list[Candidate]:
+    """Drop candidates dominated by another of the same island (<= everywhere, < somewhere).
+
+    Among exact duplicates the first is kept. This is exact: a dominated candidate can be replaced
+    by its dominator in any plan without making the plan worse or infeasible.
+    """
+    if len(rows) <= 1:
+        return list(rows)
+    a = coefficient_matrix(rows, kinds, schedule=schedule)
+    isl = np.array([c.island for c in rows])
+    keep = np.ones(len(rows), dtype=bool)
+    order = np.lexsort(a.T[::-1])  # lexicographic: a dominator always comes before what it dominates
+    for pos, i in enumerate(order):
+        if not keep[i]:
+            continue
+        rest = order[pos + 1:]
+        rest = rest[keep[rest] & (isl[rest] == isl[i])]
+        if len(rest) == 0:
+            continue
+        dominated = np.all(a[i] <= a[rest] + 1e-12 * np.abs(a[rest]), axis=1)
+        keep[rest[dominated]] = False
+    return [c for c, k in zip(rows, keep) if k]

@@ -1,0 +1,364 @@
+"""The positional pipeline MIP for one pipeline micro-batch size ``b`` (formulations/pipeline_mip.md §4).
+
+This is the direct formulation of the design sketch (one binary per position and candidate). It is
+exact but grows as positions x candidates and its LP relaxation is weak; the planner uses the
+aggregated formulation (aggregated.py) by default and keeps this one for comparison and for small
+instances.
+
+Positions are counted from the end of the pipeline: ``r = 0`` is the last stage (it holds the LM
+head), ``r = 1`` the one before, and so on, up to ``r = R - 1`` (``R = max_stages``). A stage at
+position ``r`` keeps ``min(r + 1, m)`` micro-batches in flight under 1F1B, so counting from the end
+makes every coefficient independent of the pipeline depth: one MIP covers every depth
+``P = 1..R`` (active positions are ``0..P-1``, contiguous) and the bubble is priced by the
+objective itself.
+
+All time coefficients are integers in ``tick_s`` units, rounded so the MIP optimum is a valid lower
+bound of the exact objective (see :func:`_floor` / :func:`_ceil` use below); memory is in MiB,
+rounded conservatively, so every MIP solution fits in real memory. The model is therefore
+all-integer and every backend, CP-SAT included, solves exactly the same problem.
+
+Names match the formulation document: x, w, v, z, u, T, Tmax (Fmax/Bmax for GPipe), Y.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tangram_opt import units as u
+from tangram_opt.planner.candidates import Candidate
+from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
+
+MEM_UNIT_BYTES = u.MiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineProblem:
+    """Everything the formulation sees: numbers only (no cost model)."""
+
+    candidates: Sequence[Candidate]
+    kinds: tuple[str, ...]  # layer kinds in model order (dense first)
+    layers: dict[str, int]  # kind -> number of layers
+    island_gpus: dict[int, int]  # island index -> GPUs available
+    p2p_s: dict[tuple[int, int], float]  # (src island, dst island) -> seconds per micro-batch
+    num_micro_batches: int  # m
+    pipeline_micro_batch: int  # b
+    max_stages: int
+    min_stages: int = 1
+    schedule: str = "1f1b"
+
+    @property
+    def total_layers(self) -> int:
+        return sum(self.layers.values())
+
+
+@dataclass(slots=True, kw_only=True)
+class StageChoice:
+    """A decoded stage: candidate index and layers per kind."""
+
+    candidate: int
+    layers: dict[str, int]
+
+
+@dataclass(slots=True)
+class FormulationOptions:
+    fluid_cuts: bool = True  # sum g*t*w <= N_i * Tmax per island (valid; tightens the LP)
+    mccormick_cuts: bool = True  # aggregated model: per-candidate McCormick cut on Tmax * stages
+    cutoff_s: float | None = None  # objective of a known plan: prunes layer caps
+    tick_s: float = 1e-6
+
+
+@dataclass(slots=True)
+class PositionalMIP:
+    """The built model plus the maps needed to decode a solution or encode a hint."""
+
+    problem: PipelineProblem
+    options: FormulationOptions
+    model: LinearModel = field(default_factory=LinearModel)
+    x: dict[tuple[int, int], Var] = field(default_factory=dict)
+    w: dict[tuple[int, int, str], Var] = field(default_factory=dict)
+    v: dict[tuple[int, int], Var] = field(default_factory=dict)
+    z: dict[tuple[int, int, int], Var] = field(default_factory=dict)
+    u: dict[int, Var] = field(default_factory=dict)
+    aux: dict[str, Var] = field(default_factory=dict)
+
+    # --- building ------------------------------------------------------------------------
+    def build(self) -> PositionalMIP:
+        p, o = self.problem, self.options
+        md = self.model
+        md.name = f"pipeline_b{p.pipeline_micro_batch}_m{p.num_micro_batches}"
+        m, R, tick = p.num_micro_batches, p.max_stages, o.tick_s
+        cands = p.candidates
+        kinds = p.kinds
+        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731  lower-bound rounding
+        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731  upper-bound rounding
+        gpipe = p.schedule == "gpipe"
+
+        # an upper bound on any stage time of an improving plan (objective >= m * Tmax)
+        tmax_cap = o.cutoff_s / m if o.cutoff_s else math.inf
+        total_layers = p.total_layers
+        for r in range(R):
+            inflight = m if gpipe else min(r + 1, m)
+            last = r == 0
+            for ci, c in enumerate(cands):
+                caps = {}
+                for k in kinds:
+                    cap = min(p.layers[k], c.max_layers(k, inflight, first=False, last=last))
+                    lt = c.layer[k].time_s if not gpipe else max(c.layer[k].fwd_time_s, c.layer[k].bwd_time_s)
+                    if math.isfinite(tmax_cap) and lt > 0:
+                        fixed = c.head.time_s if last else 0.0
+                        cap = min(cap, int(max(0.0, (tmax_cap * (2 if gpipe else 1) - fixed)) // lt))
+                    caps[k] = max(0, cap)
+                if sum(caps.values()) < 1 or (last and c.fixed_bytes(inflight, first=False, last=True)
+                                              > c.capacity_bytes):
+                    continue
+                self.x[r, ci] = md.add_binary(f"x[{r},{ci}]")
+                for k in kinds:
+                    if caps[k] > 0:
+                        self.w[r, ci, k] = md.add_var(f"w[{r},{ci},{k}]", 0, caps[k], integer=True)
+                self.v[r, ci] = md.add_var(f"v[{r},{ci}]", 0, 1, integer=True)
+
+        by_r: dict[int, list[int]] = {r: [] for r in range(R)}
+        for (r, ci) in self.x:
+            by_r[r].append(ci)
+        act = {r: lsum(self.x[r, ci] for ci in by_r[r]) for r in range(R)}
+
+        # one candidate per active position; active positions contiguous from the end
+        for r in range(R):
+            md.add(act[r] <= 1, f"one[{r}]")
+            if r + 1 < R:
+                md.add(act[r + 1] <= act[r], f"contig[{r}]")
+        md.add(act[0] >= 1, "nonempty")
+        if p.min_stages > 1:
+            md.add(act[min(p.min_stages, R) - 1] >= 1, "min_stages")
+        first = {r: act[r] - (act[r + 1] if r + 1 < R else 0) for r in range(R)}
+        for (r, ci), vv in self.v.items():
+            md.add(vv >= self.x[r, ci] + first[r] - 1, f"vdef[{r},{ci}]")
+            md.add(vv <= self.x[r, ci], f"vx[{r},{ci}]")
+
+        # layers: totals, per-candidate caps (as bounds), at least one layer per active stage
+        for k in kinds:
+            md.add(lsum(var for (r, ci, kk), var in self.w.items() if kk == k) == p.layers[k], f"layers[{k}]")
+        w_at: dict[int, list[tuple[int, str, Var]]] = {r: [] for r in range(R)}
+        for (r, ci, k), var in self.w.items():
+            w_at[r].append((ci, k, var))
+            md.add(var <= var.ub * self.x[r, ci], f"wcap[{r},{ci},{k}]")
+        for r in range(R):
+            md.add(lsum(var for _, _, var in w_at[r]) >= act[r], f"nonempty_stage[{r}]")
+
+        # memory (MiB, conservative rounding): layers + embedding on the first stage + fixed terms
+        for (r, ci), xv in self.x.items():
+            c = cands[ci]
+            inflight = m if gpipe else min(r + 1, m)
+            last = r == 0
+            free_units = math.floor((c.capacity_bytes - c.fixed_bytes(inflight, first=False, last=last))
+                                    / MEM_UNIT_BYTES)
+            e = c.embedding
+            emb_units = math.ceil((e.static_bytes + e.activation_bytes * inflight) / MEM_UNIT_BYTES)
+            terms = LinExpr()
+            n_kinds = 0
+            for k in kinds:
+                if (r, ci, k) in self.w:
+                    lc = c.layer[k]
+                    terms.add_term(self.w[r, ci, k],
+                                   math.ceil((lc.static_bytes + lc.activation_bytes * inflight) / MEM_UNIT_BYTES))
+                    n_kinds += 1
+            terms.add_term(self.v[r, ci], emb_units)
+            md.add(terms <= free_units * xv, f"mem[{r},{ci}]")
+
+        # dense-first order: u[r] = 1 iff every dense layer sits at positions >= r
+        if len(kinds) == 2:
+            dk, mk = kinds
+            for r in range(R):
+                self.u[r] = md.add_binary(f"u[{r}]")
+            for r in range(R):
+                dense_up = lsum(var for (rr, ci, k), var in self.w.items() if k == dk and rr >= r)
+                moe_here = lsum(var for (rr, ci, k), var in self.w.items() if k == mk and rr == r)
+                md.add(moe_here <= p.layers[mk] * self.u[r], f"order_moe[{r}]")
+                md.add(dense_up >= p.layers[dk] * self.u[r], f"order_dense[{r}]")
+                if r + 1 < R:
+                    md.add(self.u[r] >= self.u[r + 1], f"order_mono[{r}]")
+
+        # GPU budget per island
+        islands = sorted({c.island for c in cands})
+        for i in islands:
+            md.add(lsum(cands[ci].gpus * xv for (r, ci), xv in self.x.items() if cands[ci].island == i)
+                   <= p.island_gpus[i], f"gpus[{i}]")
+
+        # stage times (floor: lower bound) and the backward part (ceil: used with a minus sign)
+        def stage_expr(r: int, part: str, rnd) -> LinExpr:  # type: ignore[no-untyped-def]
+            e = LinExpr()
+            for ci, k, var in w_at[r]:
+                lc = cands[ci].layer[k]
+                e.add_term(var, rnd(_part(lc, part)))
+            for ci in by_r[r]:
+                c = cands[ci]
+                e.add_term(self.v[r, ci], rnd(_part(c.embedding, part)))
+                if r == 0:
+                    e.add_term(self.x[r, ci], rnd(_part(c.head, part)))
+            return e
+
+        T = {r: stage_expr(r, "time", fl) for r in range(R)}
+        Bc = {r: stage_expr(r, "bwd", ce) for r in range(R)}
+        tail = {r: stage_expr(r, "tail", fl) for r in range(R)}
+
+        # p2p between position r (sender in the forward direction) and r - 1
+        comm_fl: dict[int, LinExpr] = {}
+        comm_ce: dict[int, LinExpr] = {}
+        isl_of = {ci: cands[ci].island for ci in range(len(cands))}
+        X = {(r, i): lsum(self.x[r, ci] for ci in by_r[r] if isl_of[ci] == i) for r in range(R) for i in islands}
+        pair_costs = {(i, j): p.p2p_s[i, j] for i in islands for j in islands}
+        uniform = len(set(pair_costs.values())) <= 1
+        for r in range(1, R):
+            if uniform:
+                cst = next(iter(pair_costs.values()))
+                comm_fl[r] = act[r] * fl(cst)
+                comm_ce[r] = act[r] * ce(cst)
+                continue
+            ef, ec = LinExpr(), LinExpr()
+            for i in islands:
+                for j in islands:
+                    zv = md.add_var(f"z[{r},{i},{j}]", 0, 1, integer=True)
+                    self.z[r, i, j] = zv
+                    md.add(zv >= X[r, i] + X[r - 1, j] - 1, f"zdef[{r},{i},{j}]")
+                    md.add(zv <= X[r, i], f"zi[{r},{i},{j}]")
+                    md.add(zv <= X[r - 1, j], f"zj[{r},{i},{j}]")
+                    ef.add_term(zv, fl(pair_costs[i, j]))
+                    ec.add_term(zv, ce(pair_costs[i, j]))
+            comm_fl[r], comm_ce[r] = ef, ec
+
+        big_t = 2**40
+        if gpipe:
+            Fmax = self.aux["Fmax"] = md.add_var("Fmax", 0, big_t, integer=True)
+            Bmax = self.aux["Bmax"] = md.add_var("Bmax", 0, big_t, integer=True)
+            F = {r: stage_expr(r, "fwd", fl) for r in range(R)}
+            Bf = {r: stage_expr(r, "bwd", fl) for r in range(R)}
+            for r in range(R):
+                md.add(Fmax >= F[r], f"Fmax[{r}]")
+                md.add(Bmax >= Bf[r], f"Bmax[{r}]")
+            bottleneck = Fmax + Bmax
+        else:
+            Tmax = self.aux["Tmax"] = md.add_var("Tmax", 0, big_t, integer=True)
+            for r in range(R):
+                md.add(Tmax >= T[r], f"Tmax[{r}]")
+            bottleneck = LinExpr.of(Tmax)
+        Cmax = self.aux["Cmax"] = md.add_var("Cmax", 0, big_t, integer=True)
+        for r in comm_fl:
+            md.add(Cmax >= comm_fl[r], f"Cmax[{r}]")
+        if gpipe:  # GPipe period: max(Fmax, c) + max(Bmax, c)
+            md.add(self.aux["Fmax"] >= Cmax, "Fmax_c")
+            md.add(self.aux["Bmax"] >= Cmax, "Bmax_c")
+        Smax = self.aux["Smax"] = md.add_var("Smax", 0, big_t, integer=True)  # the steady period
+        md.add(Smax >= bottleneck, "Smax_t")
+        md.add(Smax >= Cmax, "Smax_c")
+        if not gpipe:
+            # 1F1B in-flight limit of every block of consecutive positions lo..hi (pipeline_model.py)
+            for lo in range(R):
+                for hi in range(lo + 1, R):
+                    length = hi - lo + 1
+                    if length >= m:
+                        break
+                    block = lsum(T[r] for r in range(lo, hi + 1)) + 2 * lsum(
+                        comm_fl[r] for r in range(lo + 1, hi + 1) if r in comm_fl)
+                    md.add(length * Smax >= block, f"block[{lo},{hi}]")
+
+        if o.fluid_cuts:
+            # each GPU of a stage is busy at most Smax per micro-batch: sum g * t * w <= N_i * Smax
+            for i in islands:
+                e = LinExpr()
+                for (r, ci, k), var in self.w.items():
+                    c = cands[ci]
+                    if c.island == i:
+                        e.add_term(var, c.gpus * fl(c.layer[k].time_s))
+                md.add(e <= p.island_gpus[i] * Smax, f"fluid[{i}]")
+
+        Y = self.aux["Y"] = md.add_var("Y", 0, big_t, integer=True)
+        for r in range(R):
+            upstream = LinExpr()
+            for rr in range(r + 1, R):
+                upstream = upstream + Bc[rr]
+                if rr in comm_ce:
+                    upstream = upstream + comm_ce[rr]
+            md.add(Y >= tail[r] - upstream, f"tail[{r}]")
+
+        obj = (m - 1) * Smax + lsum(T[r] for r in range(R)) + 2 * lsum(comm_fl.values()) + Y
+        md.minimize(obj)
+        return self
+
+    # --- solutions -----------------------------------------------------------------------
+    def decode(self, values: Sequence[float]) -> list[StageChoice]:
+        """Stages in pipeline order (first stage first)."""
+        chosen: dict[int, int] = {}
+        for (r, ci), var in self.x.items():
+            if values[var.index] > 0.5:
+                chosen[r] = ci
+        stages = []
+        for r in sorted(chosen, reverse=True):
+            ci = chosen[r]
+            layers = {k: int(round(values[self.w[r, ci, k].index])) if (r, ci, k) in self.w else 0
+                      for k in self.problem.kinds}
+            stages.append(StageChoice(candidate=ci, layers=layers))
+        return stages
+
+    def hint_from(self, stages: Sequence[StageChoice]) -> dict[Var, float] | None:
+        """Variable values encoding ``stages`` (pipeline order), or None if not representable."""
+        P = len(stages)
+        if P > self.problem.max_stages:
+            return None
+        vals: dict[Var, float] = {var: 0.0 for var in self.model.vars}
+        for k, st in enumerate(stages):
+            r = P - 1 - k
+            if (r, st.candidate) not in self.x:
+                return None
+            vals[self.x[r, st.candidate]] = 1.0
+            if k == 0:
+                vals[self.v[r, st.candidate]] = 1.0
+            for kind, n in st.layers.items():
+                if n:
+                    if (r, st.candidate, kind) not in self.w or n > self.w[r, st.candidate, kind].ub:
+                        return None
+                    vals[self.w[r, st.candidate, kind]] = float(n)
+        # derived variables: evaluate their defining expressions at this point
+        x_of = {var.index: val for var, val in vals.items()}
+        def ev(e: LinExpr) -> float:
+            return e.const + sum(c * x_of.get(i, 0.0) for i, c in e.coefs.items())
+        for (r, i, j), zv in self.z.items():
+            a = sum(x_of[self.x[r, ci].index] for (rr, ci) in self.x if rr == r and self.problem.candidates[ci].island == i)
+            b = sum(x_of[self.x[r - 1, ci].index] for (rr, ci) in self.x if rr == r - 1
+                    and self.problem.candidates[ci].island == j)
+            vals[zv] = 1.0 if a > 0.5 and b > 0.5 else 0.0
+            x_of[zv.index] = vals[zv]
+        if self.u:
+            dk = self.problem.kinds[0]
+            for r, uv in self.u.items():
+                dense_up = sum(st.layers.get(dk, 0) for k, st in enumerate(stages) if P - 1 - k >= r)
+                vals[uv] = 1.0 if dense_up >= self.problem.layers[dk] else 0.0
+                x_of[uv.index] = vals[uv]
+        # auxiliary maxima: smallest values satisfying their constraints
+        for name in ("Cmax", "Tmax", "Fmax", "Bmax", "Smax", "Y"):
+            if name in self.aux:
+                var = self.aux[name]
+                lo = 0.0
+                for con in self.model.constraints:
+                    a = con.coefs.get(var.index, 0.0)
+                    if not a:
+                        continue
+                    rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
+                    if a > 0 and not math.isinf(con.lb):
+                        lo = max(lo, (con.lb - rest) / a)
+                    elif a < 0 and not math.isinf(con.ub):
+                        lo = max(lo, (con.ub - rest) / a)
+                vals[var] = float(math.ceil(lo - 1e-9))
+                x_of[var.index] = vals[var]
+        return vals
+
+
+def _part(lc, part: str) -> float:  # type: ignore[no-untyped-def]
+    if part == "time":
+        return lc.time_s
+    if part == "fwd":
+        return lc.fwd_time_s
+    if part == "bwd":
+        return lc.bwd_time_s
+    return lc.step_tail_time_s

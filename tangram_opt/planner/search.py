@@ -1,0 +1,469 @@
+"""``solve(cluster, model, ...)``: branch and bound over pipeline micro-batch sizes and bottleneck windows.
+
+The plan space splits into sub-problems by pipeline micro-batch size ``b`` (the number of
+micro-batches ``m = B / b`` is a constant inside one, which keeps the step time linear). Each
+sub-problem is searched by branch and bound on the bottleneck stage time ``Tmax``: a node is a
+window ``[lo, hi]``; its LP relaxation (aggregated.py with only stage types no slower than ``hi``
+and ``Tmax >= lo``) bounds every plan inside it. Nodes whose bound cannot beat the incumbent are
+pruned, wide nodes are split in two, and narrow ones are handed to the MIP backend. Pipelines of
+one stage are enumerated exactly. The global bound is the minimum over every open, pruned or
+solved node, so the reported gap is valid for the whole plan space.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram_opt.baselines.greedy import greedy_by_micro_batch
+from tangram_opt.cost import Calibration
+from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
+from tangram_opt.planner.aggregated import AggregatedMIP, StageType, enumerate_types
+from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
+from tangram_opt.planner.candidates import CandidateProvider
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
+from tangram_opt.planner.plan import Certificate, Plan
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.solvers import (DEFAULT_BACKEND, SolveOptions, SolveStatus, get_backend, lp_relaxation_bound,
+                                 relative_gap, solve_model)
+from tangram_opt.specs.cluster import Cluster
+from tangram_opt.specs.model import ModelSpec
+from tangram_opt.specs.training import TrainingSpec
+
+#: a node whose window is at most this wide (hi / lo) goes to the MIP backend instead of being split
+LEAF_WINDOW_RATIO = 1.03
+
+
+@dataclass(frozen=True, slots=True)
+class SearchEvent:
+    """Progress of the whole search: global incumbent and bound after ``elapsed_s`` seconds."""
+
+    elapsed_s: float
+    incumbent_s: float | None
+    bound_s: float | None
+    message: str = ""
+
+    @property
+    def gap(self) -> float | None:
+        if self.incumbent_s is None or self.bound_s is None:
+            return None
+        return relative_gap(self.incumbent_s, self.bound_s)
+
+
+@dataclass(slots=True)
+class _Sub:
+    """One pipeline micro-batch size and what the search learned about it."""
+
+    b: int
+    problem: PipelineProblem
+    lower_bound_s: float
+    status: str = "open"
+    single_s: float | None = None
+    objective_s: float | None = None
+    solve_time_s: float = 0.0
+    types: dict[str, list[StageType]] | None = None
+    info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})
+
+
+@dataclass(order=True, slots=True)
+class _Node:
+    """A window [lo, hi] on the bottleneck time of sub-problem ``b`` with a lower bound."""
+
+    bound_s: float
+    b: int = field(compare=False)
+    lo_s: float = field(compare=False)
+    hi_s: float = field(compare=False)
+    mip: AggregatedMIP | PositionalMIP | None = field(default=None, compare=False)
+    tries: int = field(default=0, compare=False)
+
+
+def fluid_bottleneck_s(problem: PipelineProblem) -> float:
+    """Lower bound on the bottleneck stage time: per layer kind, L_k / sum_i (N_i / min_{c in i} g_c t_c).
+
+    Each island's GPUs deliver at most N_i GPU-seconds of work per second of bottleneck time, and a
+    layer of kind k costs at least min g_c t_c GPU-seconds there.
+    """
+    cands = problem.candidates
+    fluid = 0.0
+    islands = {c.island for c in cands}
+    for k, n in problem.layers.items():
+        rate = sum(problem.island_gpus[i] / min(c.gpus * c.layer[k].time_s for c in cands if c.island == i)
+                   for i in islands)
+        fluid = max(fluid, n / rate)
+    return fluid
+
+
+def quick_lower_bound(problem: PipelineProblem) -> float:
+    """A valid lower bound on the step time of any plan of ``problem`` (no solver).
+
+    Sum of stage times >= every layer at its fastest candidate plus the fastest embedding and head;
+    the bottleneck >= that sum spread over the deepest pipeline, and >= the fluid bound.
+    """
+    cands = problem.candidates
+    if not cands:
+        return math.inf
+    m = problem.num_micro_batches
+    total = sum(n * min(c.layer[k].time_s for c in cands) for k, n in problem.layers.items())
+    total += min(c.embedding.time_s for c in cands) + min(c.head.time_s for c in cands)
+    return (m - 1) * max(fluid_bottleneck_s(problem), total / problem.max_stages) + total
+
+
+def best_single_stage(problem: PipelineProblem) -> tuple[float, list[StageChoice]] | None:
+    """Exact best one-stage pipeline (every layer, embedding and head on one stage)."""
+    best = None
+    layers = dict(problem.layers)
+    inflight = 1 if problem.schedule == "1f1b" else problem.num_micro_batches
+    for ci, c in enumerate(problem.candidates):
+        if c.memory_bytes(layers, inflight, first=True, last=True) > c.capacity_bytes:
+            continue
+        if c.gpus > problem.island_gpus[c.island]:
+            continue
+        choice = [StageChoice(candidate=ci, layers=dict(layers))]
+        t = choices_timing(problem, choice).step_time_s
+        if best is None or t < best[0]:
+            best = (t, choice)
+    return best
+
+
+def _tick_for(reference_s: float) -> float:
+    """Time unit making the objective ~1e8 ticks: fine enough that rounding costs < 1e-5 relative."""
+    return 10.0 ** math.floor(math.log10(max(reference_s, 1e-9) / 1e8))
+
+
+FORMULATIONS = ("aggregated", "positional")
+
+
+def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None, *,
+          time_limit_s: float = 60.0, backend: str = DEFAULT_BACKEND, threads: int = 1, seed: int = 0,
+          rel_gap: float = 1e-4, space: SearchSpace | None = None, warm_start: bool = True,
+          calibration: Calibration | None = None, provider: CandidateProvider | None = None,
+          moe_load_imbalance: float = 1.0, formulation: str = "aggregated", windows: bool = True,
+          fluid_cuts: bool = True, on_progress: Callable[[SearchEvent], None] | None = None) -> Plan:
+    """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
+
+    Returns the best plan found with a :class:`Certificate` (incumbent, dual bound, gap). On a time
+    limit without proof the best plan is returned with its gap. Raises :class:`InfeasibleError`
+    (with what came closest) when nothing fits, and :class:`NoSolutionError` when the time ran out
+    before any plan was found.
+
+    ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time) and
+    ``fluid_cuts`` switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb.
+    """
+    from tangram_opt.specs import load_cluster
+
+    t0 = time.perf_counter()
+    cluster = load_cluster(cluster) if not isinstance(cluster, Cluster) else cluster
+    model = _load_model(model)
+    training = _load_training(training)
+    get_backend(backend)  # fail fast on an unknown or missing backend
+    if formulation not in FORMULATIONS:
+        raise SpecError("formulation", formulation, "is not a known formulation",
+                        f"use one of {', '.join(FORMULATIONS)}")
+    space = space or SearchSpace()
+    ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
+                          moe_load_imbalance=moe_load_imbalance)
+    search = _BranchAndBound(ctx, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
+                             rel_gap=rel_gap, formulation=formulation, windows=windows, fluid_cuts=fluid_cuts,
+                             warm_start=warm_start, on_progress=on_progress, t0=t0)
+    return search.run()
+
+
+class _BranchAndBound:
+    def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
+                 rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
+                 on_progress: Callable[[SearchEvent], None] | None, t0: float):
+        self.ctx = ctx
+        self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
+        self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
+        self.windows = windows and formulation == "aggregated" and ctx.space.schedule == "1f1b"
+        self.warm_start, self.on_progress, self.t0 = warm_start, on_progress, t0
+        self.events: list[SearchEvent] = []
+        self.subs: dict[int, _Sub] = {}
+        self.open: list[_Node] = []  # heap by bound
+        self.closed_bounds: dict[int, list[float]] = {}  # per b: bounds of pruned/solved nodes
+        self.inc_s = math.inf
+        self.inc: tuple[int, list[StageChoice]] | None = None
+        self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
+        self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def remaining(self) -> float:
+        return self.time_limit_s - self.elapsed()
+
+    def offer(self, b: int, choices: list[StageChoice], t: float) -> None:
+        sub = self.subs[b]
+        sub.objective_s = t if sub.objective_s is None else min(sub.objective_s, t)
+        if t < self.inc_s:
+            self.inc_s, self.inc = t, (b, choices)
+
+    def sub_bound(self, sub: _Sub) -> float:
+        """Lower bound of everything in sub-problem ``sub`` (its one-stage optimum included)."""
+        parts = [n.bound_s for n in self.open if n.b == sub.b] + self.closed_bounds.get(sub.b, [])
+        multi = min(parts) if parts else (math.inf if sub.status != "open" else sub.lower_bound_s)
+        single = sub.single_s if sub.single_s is not None else math.inf
+        return min(multi, single)
+
+    def global_bound(self) -> float:
+        return min([self.inc_s] + [self.sub_bound(s) for s in self.subs.values()])
+
+    def emit(self, message: str) -> None:
+        inc = self.inc_s if math.isfinite(self.inc_s) else None
+        bnd = self.global_bound()
+        ev = SearchEvent(self.elapsed(), inc, bnd if math.isfinite(bnd) else None, message)
+        self.events.append(ev)
+        if self.on_progress is not None:
+            self.on_progress(ev)
+
+    def close(self, node: _Node, bound_s: float) -> None:
+        self.closed_bounds.setdefault(node.b, []).append(bound_s)
+
+    def pruned(self, bound_s: float) -> bool:
+        return bound_s >= self.inc_s * (1 - self.rel_gap)
+
+    # --- phases ----------------------------------------------------------------------------
+    def run(self) -> Plan:
+        ctx = self.ctx
+        for b in ctx.pipeline_micro_batches():
+            prob = ctx.problem(b)
+            self.subs[b] = _Sub(b=b, problem=prob, lower_bound_s=quick_lower_bound(prob))
+        live = [s for s in self.subs.values() if s.problem.candidates]
+        for s in self.subs.values():
+            if not s.problem.candidates:
+                s.status = "no candidate fits"
+        if not live:
+            raise _nothing_fits(ctx)
+        if self.warm_start:
+            self.seeds = greedy_by_micro_batch(ctx)
+            for b, (t, ch) in self.seeds.items():
+                self.offer(b, ch, t)
+        for sub in live:  # exact one-stage pipelines: cheap, and they tighten the cutoff
+            one = best_single_stage(sub.problem)
+            if one is not None:
+                sub.single_s = one[0]
+                self.offer(sub.b, one[1], one[0])
+        self.emit("start")
+        for sub in sorted(live, key=lambda s: s.lower_bound_s):
+            self.root(sub)
+        self.emit("root bounds")
+        while self.open:
+            node = heapq.heappop(self.open)
+            if self.pruned(node.bound_s):
+                self.close(node, node.bound_s)
+                continue
+            if self.remaining() <= 0.05:
+                heapq.heappush(self.open, node)
+                break
+            if (self.windows and math.isfinite(node.hi_s)
+                    and node.hi_s / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO):
+                self.split(node)
+            else:
+                self.solve_leaf(node)
+        still_open = [n for n in self.open if not self.pruned(n.bound_s)]
+        for n in self.open:
+            if self.pruned(n.bound_s):
+                self.close(n, n.bound_s)
+        self.open = still_open
+        heapq.heapify(self.open)
+        for sub in live:
+            if sub.status == "open":
+                sub.status = "closed" if not any(n.b == sub.b for n in self.open) else "not finished (time limit)"
+        return self.finish()
+
+    def build(self, sub: _Sub, lo: float, hi: float) -> AggregatedMIP | PositionalMIP | None:
+        cutoff = self.inc_s if math.isfinite(self.inc_s) else None
+        ref = self.inc_s if math.isfinite(self.inc_s) else sub.lower_bound_s * 2
+        fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref))
+        if self.formulation == "positional":
+            return PositionalMIP(sub.problem, fopts).build()
+        if sub.types is None:
+            sub.types = enumerate_types(sub.problem, cutoff)
+            sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
+        mip = AggregatedMIP(sub.problem, fopts, all_types=sub.types, lower_tmax_s=lo, upper_tmax_s=hi)
+        mip.build()
+        return None if mip.empty else mip
+
+    def evaluate(self, sub: _Sub, lo: float, hi: float) -> _Node | None:
+        """Build the window's model and bound it by its LP relaxation (None: nothing in it)."""
+        mip = self.build(sub, lo, hi)
+        sub.info["windows"] += 1
+        if mip is None:
+            return None
+        st = mip.model.stats()
+        sub.info.setdefault("rows", st.rows)
+        sub.info.setdefault("columns", st.columns)
+        sub.info.setdefault("integers", st.integer_columns)
+        # reduced-cost fixing: columns that cannot be in a plan better than the incumbent go
+        cutoff = self.inc_s / mip.options.tick_s if math.isfinite(self.inc_s) else None
+        lp = lp_relaxation_bound(mip.model, time_limit_s=max(1.0, self.time_limit_s / 10), cutoff=cutoff)
+        sub.info["lp_solves"] += 1
+        bound = sub.lower_bound_s if lp is None else max(sub.lower_bound_s if lo <= 0 else 0.0,
+                                                          lp * mip.options.tick_s)
+        if lp is not None and math.isinf(lp):
+            return None
+        return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip)
+
+    def root(self, sub: _Sub) -> None:
+        if self.pruned(sub.lower_bound_s):
+            sub.status = "pruned by bound"
+            self.closed_bounds.setdefault(sub.b, []).append(sub.lower_bound_s)
+            return
+        if self.ctx.max_stages < 2:
+            sub.status = "optimal (one stage)"
+            return
+        m = sub.problem.num_micro_batches
+        lo = fluid_bottleneck_s(sub.problem) if self.windows else 0.0
+        hi = self.inc_s / m if (self.windows and math.isfinite(self.inc_s)) else math.inf
+        if self.windows and not math.isfinite(hi):  # no incumbent yet: the slowest stage type caps Tmax
+            sub.types = enumerate_types(sub.problem, None)
+            sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
+            hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)
+            hi = max(hi, max(sub.problem.p2p_s.values()), lo)
+        node = self.evaluate(sub, lo, hi)
+        if node is None:
+            sub.status = "no multi-stage plan better than incumbent" if math.isfinite(self.inc_s) else "infeasible"
+            self.closed_bounds.setdefault(sub.b, []).append(self.inc_s)
+            return
+        sub.info["lp_bound_s"] = node.bound_s
+        heapq.heappush(self.open, node)
+
+    def split(self, node: _Node) -> None:
+        sub = self.subs[node.b]
+        hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+        mid = math.sqrt(node.lo_s * hi)
+        for lo_c, hi_c in ((node.lo_s, mid), (mid, hi)):
+            child = self.evaluate(sub, lo_c, hi_c)
+            if child is None:
+                self.close(node, self.inc_s)  # nothing in this half beats the incumbent
+                continue
+            child.bound_s = max(child.bound_s, node.bound_s)
+            if self.pruned(child.bound_s):
+                self.close(child, child.bound_s)
+            else:
+                heapq.heappush(self.open, child)
+        self.emit(f"b={node.b}: split [{1e3 * node.lo_s:.2f}, {1e3 * hi:.2f}] ms")
+
+    def solve_leaf(self, node: _Node) -> None:
+        sub = self.subs[node.b]
+        mip = node.mip
+        assert mip is not None
+        n_open = 1 + len(self.open)
+        budget = min(self.remaining(), max(2.0, self.remaining() / n_open) * 2 ** node.tries)
+        for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
+                [self.seeds[sub.b][1]] if sub.b in self.seeds else []):
+            hint = mip.hint_from(cand)
+            # reduced-cost fixing may have excluded the hinted plan (it cannot beat the cutoff)
+            if hint is not None and all(v.lb - 1e-9 <= val <= v.ub + 1e-9 for v, val in
+                                        ((mip.model.vars[var.index], val) for var, val in hint.items())):
+                mip.model.set_hint(hint)
+                break
+        tick = mip.options.tick_s
+        base = self.elapsed()
+        res = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
+                                                                 seed=self.seed, rel_gap=self.rel_gap))
+        sub.info["mip_solves"] += 1
+        sub.solve_time_s += res.solve_time_s
+        self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
+                                   None if q.bound is None else q.bound * tick) for q in res.trajectory])
+        if res.status == SolveStatus.INFEASIBLE:
+            self.close(node, self.inc_s)  # nothing in this window beats the cutoff
+        elif res.status == SolveStatus.ERROR:
+            self.close(node, node.bound_s)
+            sub.info["last_status"] = f"error: {res.message}"
+        elif res.values is not None:
+            # the aggregated model relaxes p2p and tail terms: evaluate every reported solution exactly
+            best: tuple[float, list[StageChoice]] | None = None
+            for vals in [res.values] + [v for _, v in sorted(res.pool, key=lambda q: q[0])[:25]]:
+                ch = mip.decode(vals)  # type: ignore[arg-type]
+                t = choices_timing(sub.problem, ch).step_time_s
+                if best is None or t < best[0]:
+                    best = (t, ch)
+            assert best is not None
+            self.offer(sub.b, best[1], best[0])
+        if res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
+            b = max(node.bound_s, res.bound * tick if res.bound is not None else node.bound_s)
+            if res.status == SolveStatus.OPTIMAL or self.pruned(b):
+                self.close(node, min(b, self.inc_s))
+            else:
+                # time ran out: keep the window open with its better bound and more time next turn
+                node.bound_s, node.tries = b, node.tries + 1
+                heapq.heappush(self.open, node)
+        self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+
+    def finish(self) -> Plan:
+        ctx = self.ctx
+        if self.inc is None:
+            # nothing found: infeasible unless some sub-problem was cut short by the time limit
+            if not self.open and not any(s.status.startswith("not finished") for s in self.subs.values()):
+                raise _nothing_fits(ctx)
+            raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend "
+                                  f"{self.backend!r}; raise time_limit_s or try another backend")
+        bound = self.global_bound()
+        gap = relative_gap(self.inc_s, bound) if math.isfinite(bound) else None
+        status = "optimal" if gap is not None and gap <= max(self.rel_gap, 1e-6) else "feasible"
+        b, choices = self.inc
+        pipe = pipeline_plan(ctx, self.subs[b].problem, choices)
+        self.emit("done")
+        space_text = ctx.space.describe() + f"; at most {ctx.max_stages} stages"
+        if len(ctx.kinds) == 2 and self.formulation == "aggregated":
+            space_text += "; dense-first layers all on the first stage"
+        rows = []
+        for s in self.subs.values():
+            rows.append({"pipeline_micro_batch": s.b, "micro_batches": s.problem.num_micro_batches,
+                         "status": s.status, "quick_bound_s": s.lower_bound_s, "bound_s": self.sub_bound(s),
+                         "objective_s": s.objective_s, "one_stage_s": s.single_s, "solve_time_s": s.solve_time_s,
+                         "candidates": len(s.problem.candidates), **s.info})
+        greedy_best = min((t for t, _ in self.seeds.values()), default=None)
+        cert = Certificate(
+            status=status, backend=self.backend, objective_s=self.inc_s, bound_s=bound, gap=gap,
+            solve_time_s=self.elapsed(), plan_space=space_text, subproblems=tuple(rows),
+            trajectory=tuple((e.elapsed_s, e.incumbent_s, e.bound_s) for e in self.events),
+            notes=(f"formulation: {self.formulation}" + (" with bottleneck windows" if self.windows else ""),
+                   f"greedy warm start {greedy_best:.6f} s" if greedy_best is not None else "no warm start",
+                   f"candidates kept after exact Pareto pruning: {_pruning_note(ctx)}"))
+        return make_plan(ctx, [pipe], method="mip", certificate=cert)
+
+
+def _pruning_note(ctx: PlanningContext) -> str:
+    st = getattr(ctx.provider, "stats", None)
+    if st is None:
+        return "provided externally"
+    return (f"{st.kept} of {st.enumerated} enumerated ({st.invalid} invalid, {st.no_fit} cannot hold a layer, "
+            f"{st.dominated} dominated)")
+
+
+def _nothing_fits(ctx: PlanningContext) -> InfeasibleError:
+    """Diagnose why no plan exists: the smallest footprint of one layer, per island."""
+    from tangram_opt.planner.diagnose import diagnose_infeasible
+
+    return diagnose_infeasible(ctx)
+
+
+def _load_model(model: ModelSpec | str) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    try:
+        from tangram_opt.specs.presets import load_model
+    except ImportError:  # pragma: no cover - presets land with issue 2
+        raise TypeError("pass a ModelSpec") from None
+    return load_model(model)
+
+
+def _load_training(training: TrainingSpec | dict | None) -> TrainingSpec:
+    if training is None:
+        return TrainingSpec(global_batch_size=512, seq_len=4096)
+    if isinstance(training, TrainingSpec):
+        return training
+    from tangram_opt.specs.training import training_from_dict
+
+    return training_from_dict(training)
+
+
+__all__ = ["solve", "SearchEvent", "quick_lower_bound", "FORMULATIONS"]

@@ -1,0 +1,236 @@
+"""The planner: islands, candidates, closed form, formulations and the certified search."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tangram_opt.baselines import greedy
+from tangram_opt.errors import InfeasibleError, SpecError
+from tangram_opt.planner.brute import brute_force
+from tangram_opt.planner.candidates import coefficient_matrix
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.islands import find_islands, islands_report
+from tangram_opt.planner.pipeline_model import pipeline_timing, schedule_makespan
+from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.search import solve
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.sim import validate
+from tangram_opt.solvers import available_backends
+from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
+
+BACKENDS = available_backends()
+SMALL_SPACE = dict(zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2))
+
+
+def two_islands():
+    return make_cluster("tiny", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=200),
+                                 dict(name="v100", gpu="V100-16", nodes=1, gpus_per_node=4, nic_gbps=100)])
+
+
+def three_islands():
+    return make_cluster("tiny3", [dict(name="h100", gpu="H100-SXM", nodes=1, gpus_per_node=2, nic_gbps=400),
+                                  dict(name="a100", gpu="A100-80", nodes=1, gpus_per_node=4, nic_gbps=200),
+                                  dict(name="l4", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
+
+
+INSTANCES = {
+    "dense-2islands-1f1b": (two_islands, "llama-3-8b", 4, "fp16", "1f1b"),
+    "moe-dense-first-3islands-1f1b": (three_islands, "deepseek-v2-lite", 4, "bf16", "1f1b"),
+    "moe-3islands-gpipe": (three_islands, "mixtral-8x7b", 4, "bf16", "gpipe"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(INSTANCES))
+def instance(request):
+    make, model_name, layers, precision, schedule = INSTANCES[request.param]
+    cluster = make()
+    model = load_model(model_name).with_layers(layers)
+    training = TrainingSpec(global_batch_size=8, seq_len=1024, precision=precision)
+    space = SearchSpace(max_stages=3, schedule=schedule, **SMALL_SPACE)
+    best = brute_force(PlanningContext(cluster, model, training, space=space))
+    assert best is not None
+    return cluster, model, training, space, best
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_solve_matches_brute_force(instance, backend):
+    cluster, model, training, space, best = instance
+    plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9)
+    cert = plan.certificate
+    # the certificate is valid (its bound is below every plan) and the plan is the optimum
+    assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
+    assert cert.objective_s <= best.step_time_s * (1 + max(cert.gap, 1e-7))
+    assert cert.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
+    assert cert.status == "optimal"
+    assert validate(plan, cluster, model, training) == []
+
+
+def test_positional_formulation_matches_brute_force(instance):
+    cluster, model, training, space, _ = instance
+    wide = brute_force(PlanningContext(cluster, model, training, space=space), dense_on_first_stage=False)
+    plan = solve(cluster, model, training, space=space, formulation="positional", time_limit_s=60, rel_gap=1e-9)
+    assert plan.certificate.objective_s == pytest.approx(wide.step_time_s, rel=1e-7)
+
+
+def test_every_backend_agrees_on_a_larger_instance():
+    """The design sketch's pitfall: backends disagreeing on "the optimum" of the same model."""
+    cluster = load_cluster("tiny-mixed")
+    model = load_model("llama-2-7b").with_layers(8)
+    training = TrainingSpec(global_batch_size=32, seq_len=2048, precision="fp16")
+    space = SearchSpace(max_stages=4, **SMALL_SPACE)
+    objectives = {}
+    for backend in BACKENDS:
+        plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9)
+        assert plan.certificate.status == "optimal", backend
+        objectives[backend] = plan.certificate.objective_s
+    assert max(objectives.values()) == pytest.approx(min(objectives.values()), rel=1e-7), objectives
+
+
+def test_mip_never_worse_than_its_greedy_warm_start():
+    cluster = load_cluster("tiny-mixed")
+    model = load_model("llama-3-8b")
+    training = TrainingSpec(global_batch_size=32, seq_len=2048, precision="fp16")
+    ctx = PlanningContext(cluster, model, training)
+    g = greedy(ctx)
+    plan = solve(cluster, model, training, time_limit_s=20)
+    assert g is not None
+    assert plan.certificate.objective_s <= g.step_time_s * (1 + 1e-9)
+    assert plan.certificate.bound_s <= plan.certificate.objective_s
+    assert 0 <= plan.certificate.gap < 0.05
+
+
+def test_islands_merge_identical_node_groups():
+    cluster = make_cluster("c", [dict(name="a", gpu="A100-80", nodes=2, nic_gbps=800),
+                                 dict(name="b", gpu="A100-80", nodes=3, nic_gbps=800),
+                                 dict(name="c", gpu="A100-80", nodes=1, nic_gbps=400),
+                                 dict(name="d", gpu="H100-SXM", nodes=1, nic_gbps=3200)])
+    islands = find_islands(cluster)
+    assert [i.name for i in islands] == ["a+b", "c", "d"]
+    assert [i.num_gpus for i in islands] == [40, 8, 8]
+    report = islands_report(cluster, islands)
+    assert "a+b" in report and "pipeline links" in report
+
+
+def test_candidates_obey_divisibility_and_pareto_pruning_is_exact():
+    cluster = load_cluster("a100-v100")
+    model = load_model("mixtral-8x7b").with_layers(4)
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, precision="fp16")
+    ctx = PlanningContext(cluster, model, training)
+    provider = ctx.provider
+    for isl in ctx.islands:
+        enumerated = [c for c in provider.configs(isl, 16)]
+        kept = ctx.candidates(16)
+        for c in (k for k in kept if k.island == isl.index):
+            cfg = c.config
+            assert model.num_attention_heads % cfg.tp == 0 and model.kv_heads % cfg.tp == 0
+            assert model.moe.num_experts % cfg.ep == 0 and (cfg.dp * cfg.cp) % cfg.ep == 0
+            assert cfg.dp * cfg.micro_batch_size == 16
+            assert cfg.gpus in isl.valid_stage_sizes()
+        assert enumerated
+    # exactness: every priced candidate that was dropped is dominated by a kept one of its island
+    b = 16
+    kinds = ctx.kinds
+    kept = ctx.candidates(b)
+    from tangram_opt.planner.candidates import Candidate
+
+    for isl in ctx.islands:
+        priced = []
+        for cfg in provider.configs(isl, b):
+            if ctx.cost.check_config(isl.node, cfg):
+                continue
+            priced.append(Candidate(island=isl.index, config=cfg,
+                                    layer={k: ctx.cost.layer(isl.node, cfg, k) for k in kinds},
+                                    embedding=ctx.cost.embedding(isl.node, cfg), head=ctx.cost.head(isl.node, cfg),
+                                    capacity_bytes=ctx.cost.usable_memory_bytes(isl.node)))
+        mine = [c for c in kept if c.island == isl.index]
+        fits = [c for c in priced if any(c.max_layers(k, 1, first=False, last=False) >= 1 for k in kinds)]
+        assert len(mine) < len(fits)  # pruning removed something here...
+        a_kept = coefficient_matrix(mine, kinds, schedule="1f1b")
+        for row in coefficient_matrix(fits, kinds, schedule="1f1b"):  # ...but only dominated rows
+            assert (a_kept <= row + 1e-9 * abs(row)).all(axis=1).any()
+
+
+def test_closed_form_on_a_uniform_pipeline_matches_the_textbook_formula():
+    f, b, P, m = 1.0, 2.0, 4, 12
+    ends = schedule_makespan([f] * P, [b] * P, [0.0] * (P - 1), m, "1f1b")
+    assert max(ends) == pytest.approx((m + P - 1) * (f + b))
+    ends = schedule_makespan([f] * P, [b] * P, [0.0] * (P - 1), m, "gpipe")
+    assert max(ends) == pytest.approx((m + P - 1) * (f + b))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(1, 6).flatmap(lambda P: st.tuples(
+    st.lists(st.floats(0.1, 3.0), min_size=P, max_size=P),
+    st.lists(st.floats(1.2, 3.0), min_size=P, max_size=P),
+    st.lists(st.floats(0.0, 2.0), min_size=P - 1, max_size=P - 1),
+    st.integers(1, 40), st.sampled_from(["1f1b", "gpipe"]))))
+def test_closed_form_never_underestimates_the_exact_schedule(args):
+    """The MIP's model is an upper bound of the exact schedule, so certified plans are conservative."""
+    fwd, ratio, comm, m, schedule = args
+    bwd = [f * r for f, r in zip(fwd, ratio)]
+    exact = max(schedule_makespan(fwd, bwd, comm, m, schedule))
+
+    class _Lc:  # minimal stand-in for a candidate with one "layer" per stage
+        def __init__(self, f, b):
+            self.fwd_time_s, self.bwd_time_s, self.step_tail_time_s = f, b, 0.0
+            self.time_s = f + b
+
+    class _Cand:
+        def __init__(self, f, b):
+            self.layer = {"dense": _Lc(f, b)}
+            zero = _Lc(0.0, 0.0)
+            self.embedding = self.head = zero
+            self.capacity_bytes = math.inf
+
+        def memory_bytes(self, *a, **k):
+            return 0.0
+
+    stages = [(_Cand(f, b), {"dense": 1}) for f, b in zip(fwd, bwd)]
+    model = pipeline_timing(stages, comm, m, schedule).makespan_s  # type: ignore[arg-type]
+    assert model >= exact * (1 - 1e-9)
+
+
+def test_infeasible_model_gets_a_diagnosis():
+    cluster = make_cluster("one-l4", [dict(gpu="L4", nodes=1, gpus_per_node=1, nic_gbps=50)])
+    with pytest.raises(InfeasibleError) as err:
+        solve(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=8, seq_len=4096), time_limit_s=5)
+    msg = str(err.value)
+    # 70B parameters x 16 bytes cannot fit in one 24 GB GPU: the message says by how much
+    assert "GiB" in msg and "L4" in msg and "misses by" in msg and "add GPUs" in msg
+    assert err.value.closest["gpu"] == "L4"
+
+
+def test_bad_arguments_are_spec_errors():
+    with pytest.raises(SpecError, match="backend"):
+        solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"),
+              backend="gurobi")
+    with pytest.raises(SpecError, match="formulation"):
+        solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"),
+              formulation="magic")
+    with pytest.raises(SpecError, match="training.precision"):
+        solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"))
+
+
+def test_plan_json_round_trip(tmp_path):
+    plan = solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=16, seq_len=1024, precision="fp16"),
+                 time_limit_s=10)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again == plan
+    d = json.loads(path.read_text())
+    assert d["schema_version"] == 1 and d["metrics"]["tokens_per_s"] == pytest.approx(plan.tokens_per_s)
+
+
+def test_time_limit_returns_best_plan_with_its_gap():
+    plan = solve("h100-a100-l4", "llama-3-70b", TrainingSpec(global_batch_size=256, seq_len=4096),
+                 time_limit_s=3)
+    cert = plan.certificate
+    assert cert.gap is not None and cert.bound_s <= cert.objective_s
+    assert plan.step_time_s <= cert.objective_s * (1 + 1e-9)  # the exact schedule is within the model
+    assert len(cert.trajectory) >= 2
