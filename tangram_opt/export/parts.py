@@ -1,0 +1,159 @@
+"""Homogeneous parts of a plan: the unit one framework launch configuration can describe.
+
+Every framework we export to (Megatron-LM, DeepSpeed, torchtitan) takes *one* tensor/context/data
+parallel size, ZeRO stage, recomputation mode and micro-batch size for the whole job. A tangram_opt
+plan may give each stage its own. A *part* is a maximal run of consecutive stages of one pipeline
+that share all of those (the GPU type may differ: the frameworks do not look at it). A plan with one
+pipeline made of one part can be launched as one job; anything else needs what docs/exports.md,
+"What a heterogeneous plan needs", lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram_opt.export.ranks import StageRanks, assign_ranks
+from tangram_opt.planner.plan import Plan, StagePlan
+from tangram_opt.specs.cluster import Cluster
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Part:
+    """Consecutive stages ``stage_indices`` of pipeline ``pipeline`` with one parallel configuration."""
+
+    pipeline: int
+    stage_indices: tuple[int, ...]
+    stages: tuple[StagePlan, ...]
+    ranks: tuple[StageRanks, ...]
+    num_micro_batches: int
+    pipeline_micro_batch: int
+    schedule: str
+    pipeline_stages: int
+    num_pipelines: int
+
+    # the shared configuration (short names inside, long names at the framework boundary)
+    @property
+    def tp(self) -> int:
+        return self.stages[0].tp
+
+    @property
+    def cp(self) -> int:
+        return self.stages[0].cp
+
+    @property
+    def dp(self) -> int:
+        return self.stages[0].dp
+
+    @property
+    def ep(self) -> int:
+        return self.stages[0].ep
+
+    @property
+    def zero(self) -> int:
+        return self.stages[0].zero
+
+    @property
+    def recompute(self) -> str:
+        return self.stages[0].recompute
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.stages[0].micro_batch_size
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.gpus for s in self.stages)
+
+    @property
+    def first_rank(self) -> int:
+        return self.ranks[0].first_rank
+
+    @property
+    def rank_text(self) -> str:
+        last = self.ranks[-1].first_rank + self.ranks[-1].num_ranks - 1
+        return f"{self.first_rank}-{last}" if last > self.first_rank else str(self.first_rank)
+
+    @property
+    def whole_pipeline(self) -> bool:
+        """Whether the part is its pipeline (first stage has the embedding, last the head)."""
+        return self.pp == self.pipeline_stages
+
+    @property
+    def layer_counts(self) -> tuple[int, ...]:
+        return tuple(s.num_layers for s in self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layer_counts)
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences this part's pipeline processes per step (its share of the global batch)."""
+        return self.pipeline_micro_batch * self.num_micro_batches
+
+    @property
+    def label(self) -> str:
+        ks = self.stage_indices
+        st = f"stage {ks[0]}" if len(ks) == 1 else f"stages {ks[0]}-{ks[-1]}"
+        return f"pipeline {self.pipeline}, {st}"
+
+    @property
+    def config_text(self) -> str:
+        return (f"tp{self.tp} cp{self.cp} dp{self.dp} ep{self.ep} ZeRO-{self.zero} recompute={self.recompute} "
+                f"micro-batch {self.micro_batch_size}")
+
+
+def _key(s: StagePlan) -> tuple:
+    return (s.tp, s.cp, s.dp, s.ep, s.zero, s.recompute, s.micro_batch_size)
+
+
+def homogeneous_parts(plan: Plan, cluster: Cluster | None = None) -> tuple[Part, ...]:
+    """The plan's parts, pipeline by pipeline, in stage order."""
+    ranks = assign_ranks(plan, cluster)
+    by_stage = {(r.pipeline, r.stage): r for r in ranks}
+    out: list[Part] = []
+    for pi, pipe in enumerate(plan.pipelines):
+        runs: list[list[int]] = []
+        for k, st in enumerate(pipe.stages):
+            if runs and _key(pipe.stages[runs[-1][-1]]) == _key(st):
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        for run in runs:
+            out.append(Part(pipeline=pi, stage_indices=tuple(run), stages=tuple(pipe.stages[k] for k in run),
+                            ranks=tuple(by_stage[(pi, k)] for k in run), num_micro_batches=pipe.num_micro_batches,
+                            pipeline_micro_batch=pipe.pipeline_micro_batch, schedule=pipe.schedule,
+                            pipeline_stages=pipe.num_stages, num_pipelines=len(plan.pipelines)))
+    return tuple(out)
+
+
+def single_job(parts: tuple[Part, ...]) -> bool:
+    """Whether the plan is one pipeline of one part (launchable as one stock framework job)."""
+    return len(parts) == 1 and parts[0].whole_pipeline
+
+
+def heterogeneity_notes(parts: tuple[Part, ...]) -> list[str]:
+    """Plain-language reasons a plan is not one stock job (empty when it is)."""
+    notes: list[str] = []
+    pipes = {p.pipeline for p in parts}
+    if len(pipes) > 1:
+        shares = sorted({p.sequences_per_step for p in parts})
+        notes.append(f"{len(pipes)} pipelines (data-parallel replicas) with their own stage layouts"
+                     + (f" and uneven batch shares ({', '.join(map(str, shares))} sequences per step)"
+                        if len(shares) > 1 else "")
+                     + "; their gradients must be all-reduced across pipelines of different shapes")
+    for pi in sorted(pipes):
+        mine = [p for p in parts if p.pipeline == pi]
+        if len(mine) > 1:
+            notes.append(f"pipeline {pi}: stages use {len(mine)} different parallel configurations ("
+                         + "; ".join(f"{p.label.split(', ')[1]}: {p.config_text}" for p in mine)
+                         + "); activations crossing from a stage with one (tp, cp, dp) layout to another need "
+                           "resharding point-to-point sends")
+    return notes
+
+
+__all__ = ["Part", "homogeneous_parts", "single_job", "heterogeneity_notes"]
