@@ -347,7 +347,6 @@ class AggregatedMIP:
             md.add(hi_t * (2 + n_mid) + 2 * Smax - 2 * hi_t + relax >= round_trip, "cycle_hi")
             md.add(lo_t * (2 + n_mid) + R * Smax - R * lo_t + relax >= round_trip, "cycle_lo")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
-        out_max = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
         # nothing upstream; for any other stage the upstream time is at most every stage's
@@ -366,8 +365,9 @@ class AggregatedMIP:
             ids = [si for si in self.o if isl_of(mids, si) == i]
             if not ids:
                 continue
-            net = {si: fl(mids[si].tail_s) + ce(mids[si].bwd_s) - fl(mids[si].bwd_s) + out_max[i] - out_min[i]
-                   for si in ids}
+            # U counts the stage's own backward (rounded up) and its own send (>= out_min): take
+            # them out, and the other middle stages of island i (downstream of it) with them
+            net = {si: fl(mids[si].tail_s) + ce(mids[si].bwd_s) - fl(mids[si].bwd_s) for si in ids}
             big = max(net.values())
             if big <= 0:
                 continue
@@ -382,8 +382,8 @@ class AggregatedMIP:
             if fl(t.tail_s) > 0:
                 # the most upstream copy of type s has its n_s - 1 siblings downstream of it
                 sibling = fl(t.bwd_s) + out_min[isl_of(mids, si)]
-                md.add(Y >= (fl(t.tail_s) + ce(t.bwd_s) - sibling) * ov + sibling * self.n[si] - U,
-                       f"tail_mid[{si}]")
+                own = ce(t.bwd_s) + out_min[isl_of(mids, si)]  # its own backward and send, inside U
+                md.add(Y >= (fl(t.tail_s) + own - sibling) * ov + sibling * self.n[si] - U, f"tail_mid[{si}]")
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self

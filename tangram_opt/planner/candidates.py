@@ -91,6 +91,7 @@ class PruningStats:
     invalid: int = 0
     no_fit: int = 0
     dominated: int = 0
+    heuristic: int = 0
     kept: int = 0
     by_key: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
@@ -99,6 +100,7 @@ class PruningStats:
         self.invalid += other.invalid
         self.no_fit += other.no_fit
         self.dominated += other.dominated
+        self.heuristic += other.heuristic
         self.kept += other.kept
         self.by_key.update(other.by_key)
 
@@ -168,6 +170,10 @@ class AnalyticalCandidates:
             rows.append(cand)
         kept = pareto_filter(rows, kinds, schedule=self.space.schedule)
         st.dominated = len(rows) - len(kept)
+        if self.space.heuristic_keep is not None:
+            pareto = len(kept)
+            kept = heuristic_prune(kept, kinds, self.space.heuristic_keep)
+            st.heuristic = pareto - len(kept)
         st.kept = len(kept)
         st.by_key[key] = (st.enumerated, st.kept)
         self.stats.merge(st)
@@ -214,3 +220,21 @@ def pareto_filter(rows: list[Candidate], kinds: Sequence[str], *, schedule: str)
         dominated = np.all(a[i] <= a[rest] + 1e-12 * np.abs(a[rest]), axis=1)
         keep[rest[dominated]] = False
     return [c for c, k in zip(rows, keep) if k]
+
+
+def heuristic_prune(rows: list[Candidate], kinds: Sequence[str], keep: int) -> list[Candidate]:
+    """Keep, per (island, GPU count), the ``keep`` fastest candidates plus the most memory-frugal one.
+
+    This is *not* exact: a dropped candidate may be part of the optimum. It is off by default;
+    when on, the certificate's plan space says so and the gap is valid only for the pruned space.
+    """
+    groups: dict[tuple[int, int], list[Candidate]] = {}
+    for c in rows:
+        groups.setdefault((c.island, c.gpus), []).append(c)
+    out = []
+    for group in groups.values():
+        by_time = sorted(group, key=lambda c: sum(c.layer[k].time_s for k in kinds))
+        frugal = min(group, key=lambda c: sum(c.layer[k].static_bytes + c.layer[k].activation_bytes for k in kinds))
+        chosen = by_time[:keep] + ([frugal] if frugal not in by_time[:keep] else [])
+        out.extend(chosen)
+    return out

@@ -213,6 +213,18 @@ class Plan:
                          f"{self.certificate.objective_s:.4f} s; exact schedule {self.step_time_s:.4f} s]")
         return "\n".join(lines)
 
+    def summary(self, width: int = 120) -> str:
+        """A readable text table: stages, parallelism, memory, times, tokens/s, MFU and the gap."""
+        from tangram_opt.show.summary import summary_text
+
+        return summary_text(self, width=width)
+
+    def to_dataframe(self):  # type: ignore[no-untyped-def]
+        """One row per stage (pandas), plan-level figures in ``.attrs``; for notebooks."""
+        from tangram_opt.show.summary import plan_table
+
+        return plan_table(self)
+
     # --- serialization ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -436,7 +436,7 @@ def _pruning_note(ctx: PlanningContext) -> str:
     if st is None:
         return "provided externally"
     return (f"{st.kept} of {st.enumerated} enumerated ({st.invalid} invalid, {st.no_fit} cannot hold a layer, "
-            f"{st.dominated} dominated)")
+            f"{st.dominated} dominated" + (f", {st.heuristic} dropped heuristically" if st.heuristic else "") + ")")
 
 
 def _nothing_fits(ctx: PlanningContext) -> InfeasibleError:

@@ -28,6 +28,9 @@ class SearchSpace:
     pipeline_micro_batches: tuple[int, ...] | None = None
     max_stages: int | None = None
     schedule: str = "1f1b"
+    #: heuristic (inexact) pruning: keep only this many fastest candidates per (island, GPU count),
+    #: plus the most memory-frugal one. Off (None) for certified runs; the certificate says so.
+    heuristic_keep: int | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -45,6 +48,9 @@ class SearchSpace:
             if not vals or any((not isinstance(v, int)) or v < 1 for v in vals):
                 raise SpecError(f"space.{name}", vals, "must be a non-empty tuple of integers >= 1",
                                 "e.g. (1, 2, 4, 8)")
+        if self.heuristic_keep is not None and self.heuristic_keep < 1:
+            raise SpecError("space.heuristic_keep", self.heuristic_keep, "must be >= 1 or None",
+                            "keep at least one candidate per island and size, or None for exact pruning")
         if self.max_stages is not None and self.max_stages < 1:
             raise SpecError("space.max_stages", self.max_stages, "must be >= 1", "allow at least one stage")
 
@@ -56,4 +62,6 @@ class SearchSpace:
         return (f"single {self.schedule} pipeline, up to {self.max_stages or 'min(layers, 32, GPUs)'} stages, "
                 f"each stage one island; tp {tp}; cp {list(self.cp)}; ep {ep}; ZeRO {list(self.zero)}; "
                 f"recompute {list(self.recompute)}; per-rank micro-batch {list(self.micro_batch_sizes)}; "
-                f"pipeline micro-batch {b}; stage sizes divide a node or are whole nodes")
+                f"pipeline micro-batch {b}; stage sizes divide a node or are whole nodes"
+                + (f"; HEURISTIC pruning: only the {self.heuristic_keep} fastest candidates per island and "
+                   "size (the gap is valid for that reduced space only)" if self.heuristic_keep else ""))
