@@ -1,5 +1,8 @@
 """Baseline planners that return the same Plan type as the MIP (see docs/baselines.md)."""
 
 from tangram_opt.baselines.greedy import GreedyResult, greedy, greedy_by_micro_batch
+from tangram_opt.baselines.homogeneous import HomogeneousResult, best_homogeneous, reprice
+from tangram_opt.baselines.unaware import UnawareResult, heterogeneity_unaware, virtual_cluster
 
-__all__ = ["GreedyResult", "greedy", "greedy_by_micro_batch"]
+__all__ = ["GreedyResult", "HomogeneousResult", "UnawareResult", "best_homogeneous", "greedy",
+           "greedy_by_micro_batch", "heterogeneity_unaware", "reprice", "virtual_cluster"]
