@@ -103,6 +103,20 @@ def test_check_reports_violations():
 def test_mps_round_trip_gives_the_same_optimum(tmp_path):
     import highspy
 
+    # general integers (not only binaries) so that a reader ignoring integrality markers would differ
+    m = LinearModel("mixed")
+    x = m.add_var("x", 0, 10, integer=True)
+    y = m.add_var("y", 0, 10, integer=True)
+    m.add(2 * x + 2 * y >= 7)
+    m.minimize(3 * x + 2 * y)
+    path = tmp_path / "mixed.mps"
+    m.write_mps(str(path))
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.readModel(str(path))
+    h.run()
+    assert h.getInfo().objective_function_value == pytest.approx(8)  # LP optimum would be 7
+
     m, _ = knapsack([3, 4, 5, 9, 2], [4, 5, 7, 10, 3], 12)
     m.objective.const = 2.5
     path = tmp_path / "k.mps"

@@ -170,6 +170,7 @@ class LinearModel:
     constraints: list[Constraint] = field(default_factory=list)
     objective: LinExpr = field(default_factory=LinExpr)
     hint: dict[int, float] = field(default_factory=dict)
+    _names: set[str] = field(default_factory=set, repr=False)
 
     def add_var(self, name: str, lb: float = 0.0, ub: float = math.inf, *, integer: bool = False) -> Var:
         if lb > ub:
@@ -186,6 +187,9 @@ class LinearModel:
             raise TypeError("add() takes a constraint built with <=, >= or ==")
         con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
         con.name = name or f"c{len(self.constraints)}"
+        if con.name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
+            con.name = f"{con.name}#{len(self.constraints)}"
+        self._names.add(con.name)
         self.constraints.append(con)
         return con
 

@@ -1,7 +1,8 @@
 """Free-format MPS writer for :class:`~tangram_opt.solvers.model.LinearModel`.
 
 MPS is the lingua franca of MIP solvers; we write names that are safe for every reader
-(no spaces) and mark integer columns with MARKER INTORG/INTEND blocks.
+(no spaces) and mark integer columns with quoted ``'MARKER' 'INTORG'`` / ``'INTEND'`` blocks (HiGHS
+ignores unquoted markers and would read the columns as continuous).
 """
 
 from __future__ import annotations
@@ -44,16 +45,16 @@ def write_mps(model: LinearModel, path: str) -> None:
     in_int = False
     for v in model.vars:
         if v.integer and not in_int:
-            out.append(" MARKER MARKER INTORG")
+            out.append(" MARKER 'MARKER' 'INTORG'")
             in_int = True
         elif not v.integer and in_int:
-            out.append(" MARKER MARKER INTEND")
+            out.append(" MARKER 'MARKER' 'INTEND'")
             in_int = False
         entries = col_entries[v.index] or [("OBJ", 0.0)]
         for row, a in entries:
             out.append(f" {_safe(v.name)} {row} {a:.17g}")
     if in_int:
-        out.append(" MARKER MARKER INTEND")
+        out.append(" MARKER 'MARKER' 'INTEND'")
     out.append("RHS")
     if model.objective.const:
         out.append(f" RHS OBJ {-model.objective.const:.17g}")
