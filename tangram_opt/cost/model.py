@@ -30,7 +30,7 @@ Overlap policy (what counts on the critical path):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tangram_opt.cost import comm, flops, memory
@@ -68,13 +68,25 @@ class _Rates:
         return total
 
 
+_MISSING = object()
+
+
+def _check_imbalance(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1.0 <= value < float("inf")):
+        raise SpecError("moe_load_imbalance", value, "must be a finite ratio >= 1",
+                        "pass max/mean tokens per expert-parallel rank (1.0 = uniform)")
+    return float(value)
+
+
 class CostModel:
     """Per-layer time and memory of a stage configuration on a node shape.
 
     Keyword options (all optional):
 
     - ``calibration``: achievable fractions of peak (:class:`Calibration`, documented defaults);
-    - ``moe_load_imbalance``: max/mean tokens per EP rank (>= 1); the slowest rank sets the time;
+    - ``moe_load_imbalance``: max/mean tokens per EP rank (>= 1); the slowest rank sets the time.
+      Either one ratio for every configuration, or a function ``(ep, gpus_per_node) -> ratio`` (the
+      planner passes the best expert placement's ratio for each EP degree, see experts/);
     - ``profiles``: measured per-layer times (:class:`ProfileSet`, a :class:`LayerProfile` or a list)
       that replace the computed compute time on matching GPU types;
     - ``attention_kernel``: "auto" (flash in 16-bit, eager in fp32), "flash", "fused-softmax", "eager";
@@ -84,11 +96,10 @@ class CostModel:
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, *, calibration: Calibration | None = None,
-                 moe_load_imbalance: float = 1.0, profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None
+                 moe_load_imbalance: float | Callable[[int, int], float] = 1.0, profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None
                  = None, attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool = True):
-        if not (moe_load_imbalance >= 1.0 and moe_load_imbalance < float("inf")):
-            raise SpecError("moe_load_imbalance", moe_load_imbalance, "must be a finite ratio >= 1",
-                            "pass max/mean tokens per expert-parallel rank (1.0 = uniform)")
+        if not callable(moe_load_imbalance):
+            _check_imbalance(moe_load_imbalance)
         if attention_kernel != "auto" and attention_kernel not in ATTENTION_KERNELS:
             raise SpecError("attention_kernel", attention_kernel, "is not an attention kernel",
                             f"use auto or one of {', '.join(ATTENTION_KERNELS)}")
@@ -97,7 +108,7 @@ class CostModel:
         self.model = model
         self.training = training
         self.calibration = calibration or Calibration()
-        self.moe_load_imbalance = float(moe_load_imbalance)
+        self.moe_load_imbalance = moe_load_imbalance if callable(moe_load_imbalance) else float(moe_load_imbalance)
         if profiles is None:
             self.profiles = ProfileSet()
         elif isinstance(profiles, ProfileSet):
@@ -151,7 +162,18 @@ class CostModel:
         return max(0.0, node.gpu.hbm_bytes * (1.0 - c.memory_reserve_fraction) - c.memory_reserve_bytes)
 
     # --- rates ---------------------------------------------------------------------------------------
+    def _memo(self, key: tuple, make):  # type: ignore[no-untyped-def]
+        """Memoize a pure sub-computation shared by many configurations (the planner prices
+        tens of thousands of them; most share shapes, links and collectives)."""
+        hit = self._cache.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._cache[key] = make()
+        return hit
+
     def _rates(self, node: NodeSpec) -> _Rates:
+        return self._memo(("rates", node), lambda: self._rates_uncached(node))
+
+    def _rates_uncached(self, node: NodeSpec) -> _Rates:
         gpu, c, prec = node.gpu, self.calibration, self.training.precision
         if prec == "fp32":
             if self.fp32_matmul == "tf32" and gpu.bf16_flops_per_s is not None:
@@ -183,8 +205,8 @@ class CostModel:
 
     # --- communication helpers -------------------------------------------------------------------------
     def _coll(self, node: NodeSpec, kind: str, nbytes: float, n: int, stride: int = 1) -> float:
-        return comm.collective_time_s(node, kind, nbytes, n, stride=stride,
-                                      efficiency=self.calibration.network_efficiency)
+        return self._memo(("coll", node, kind, nbytes, n, stride), lambda: comm.collective_time_s(
+            node, kind, nbytes, n, stride=stride, efficiency=self.calibration.network_efficiency))
 
     def _tp_comm_per_pass(self, node: NodeSpec, cfg: StageConfig, sh: LayerShape, n_pairs: int = 2) -> float:
         """``n_pairs`` all-reduces (no SP) or all-gather + reduce-scatter pairs (SP) of the layer activation."""
@@ -197,6 +219,12 @@ class CostModel:
         return n_pairs * self._coll(node, "all_reduce", msg, cfg.tp)
 
     # --- layers ----------------------------------------------------------------------------------------
+    def imbalance(self, ep: int, gpus_per_node: int) -> float:
+        """max/mean expert-rank load for an EP degree (1.0 without expert parallelism)."""
+        if callable(self.moe_load_imbalance):
+            return 1.0 if ep <= 1 else _check_imbalance(self.moe_load_imbalance(ep, gpus_per_node))
+        return self.moe_load_imbalance
+
     def layer(self, node: NodeSpec, cfg: StageConfig, kind: LayerKind) -> LayerCost:
         """Cost of one transformer block of ``kind`` ("dense" or "moe") per pipeline micro-batch."""
         key = ("layer", node, cfg, kind)
@@ -215,12 +243,9 @@ class CostModel:
         expert_tokens = 0.0
         if kind == "moe":
             assert m.moe is not None
-            expert_tokens = sh.tokens * m.moe.top_k * self.moe_load_imbalance
-        fwd_ops, bwd_ops = flops.block_ops(m, kind, sh, kernel=self.attention_kernel, dropout=self.dropout,
-                                           tokens_per_expert_rank=expert_tokens)
-        core = [op for op in fwd_ops if op.name.startswith("attn.")]
-        core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
-        attn_fwd_s, attn_bwd_s = rates.time_s(core), rates.time_s(core_bwd)
+            expert_tokens = sh.tokens * m.moe.top_k * self.imbalance(cfg.ep, node.gpus_per_node)
+        fwd_all_s, bwd_all_s, attn_fwd_s, attn_bwd_s = self._memo(
+            ("compute", node, kind, sh, expert_tokens), lambda: self._compute_times(kind, sh, expert_tokens, rates))
         tp_comm = self._tp_comm_per_pass(node, cfg, sh)
         prof = self._profile(node, cfg)
         measured = prof.lookup(kind, cfg.tp, cfg.micro_batch_size) if prof is not None else None
@@ -229,7 +254,7 @@ class CostModel:
             if prof is not None and prof.includes_tp_comm:
                 tp_comm = 0.0
         else:
-            fwd_c, bwd_c = rates.time_s(fwd_ops), rates.time_s(bwd_ops)
+            fwd_c, bwd_c = fwd_all_s, bwd_all_s
         # context parallel: KV ring exchange overlapped with the attention core
         cp_fwd = cp_bwd = 0.0
         if cfg.cp > 1:
@@ -283,11 +308,13 @@ class CostModel:
                                            batch=float(cfg.micro_batch_size), tp=cfg.tp, sp=sh.sp,
                                            elt_bytes=sh.elt_bytes, flash=self.attention_kernel == "flash",
                                            dropout=self.dropout)
-        act = memory.activation_bytes(m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens)
+        act = self._memo(("act", kind, act_shape, cfg.recompute, expert_tokens), lambda: memory.activation_bytes(
+            m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens))
         # Backward working set of one layer: the activations the backward materializes (recomputed
         # ones, or the activation gradients, which are the same size), counted the same for every
         # recomputation mode; plus ZeRO-3's gathered copy of this layer's weights.
-        work = memory.activation_bytes(m, kind, act_shape, "none", expert_tokens=expert_tokens)
+        work = self._memo(("act", kind, act_shape, "none", expert_tokens), lambda: memory.activation_bytes(
+            m, kind, act_shape, "none", expert_tokens=expert_tokens))
         if cfg.zero >= 3 and dense_dp > 1:
             work += (dense_local + (expert_local if expert_dp > 1 else 0.0)) * t.weight_bytes
         opt = self._optimizer_time(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
@@ -302,6 +329,15 @@ class CostModel:
                                     "cp_comm": cp_fwd + cp_bwd, "ep_comm": 2 * ep_pass,
                                     "zero3_comm": z3_fwd + z3_bwd, "grad_sync_total": grad_sync + param_gather,
                                     "profiled": 1.0 if measured is not None else 0.0})
+
+    def _compute_times(self, kind: LayerKind, sh: LayerShape, expert_tokens: float,
+                       rates: _Rates) -> tuple[float, float, float, float]:
+        """(forward, backward, attention-core forward, attention-core backward) compute seconds."""
+        fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=self.attention_kernel, dropout=self.dropout,
+                                           tokens_per_expert_rank=expert_tokens)
+        core = [op for op in fwd_ops if op.name.startswith("attn.")]
+        core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
+        return rates.time_s(fwd_ops), rates.time_s(bwd_ops), rates.time_s(core), rates.time_s(core_bwd)
 
     def _grad_sync(self, node: NodeSpec, cfg: StageConfig, dense_local: float, expert_local: float, dense_dp: int,
                    expert_dp: int) -> tuple[float, float]:
@@ -352,10 +388,14 @@ class CostModel:
         rates = self._rates(node)
         e, tokens = sh.elt_bytes, sh.tokens
         t_sp = tokens / cfg.tp if sh.sp else tokens
-        if which == "embedding":
-            fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.dropout)
-        else:
-            fwd_ops, bwd_ops = flops.head_ops(m, tokens, cfg.tp, sh.sp, e)
+        def compute() -> tuple[float, float]:
+            if which == "embedding":
+                fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.dropout)
+            else:
+                fwd_ops, bwd_ops = flops.head_ops(m, tokens, cfg.tp, sh.sp, e)
+            return rates.time_s(fwd_ops), rates.time_s(bwd_ops)
+
+        vocab_fwd_s, vocab_bwd_s = self._memo(("vocab", node, which, tokens, cfg.tp, sh.sp), compute)
         prof = self._profile(node, cfg)
         measured = prof.lookup(which, cfg.tp, cfg.micro_batch_size) if prof is not None else None
         msg = tokens * m.hidden_size * e
@@ -373,7 +413,7 @@ class CostModel:
             if prof is not None and prof.includes_tp_comm:
                 tp_fwd = tp_bwd = 0.0
         else:
-            fwd_c, bwd_c = rates.time_s(fwd_ops), rates.time_s(bwd_ops)
+            fwd_c, bwd_c = vocab_fwd_s, vocab_bwd_s
         recompute = fwd_c + tp_fwd if (cfg.recompute == "full" and which == "head") else 0.0
         local, _ = self._vocab_params(which, cfg)
         lp = flops.LayerParams(sharded=local * cfg.tp, replicated=0.0)  # per_gpu(tp) gives back `local`

@@ -253,3 +253,47 @@ def imbalance_for(loads: Any, ep: int, gpus_per_node: int, slots_per_rank: int |
     total_max = sum(pl.max_load for pl in res)
     total_mean = sum(pl.mean_load for pl in res)
     return total_max / total_mean if total_mean > 0 else 1.0
+
+
+class ImbalanceModel:
+    """The planner's view of a routing profile: ``(ep, gpus_per_node) -> max/mean rank load``.
+
+    Each EP degree is placed once (MIP with a certificate, or the greedy) and cached; pass the same
+    object to ``solve(moe_load_imbalance=...)`` and ``simulate(moe_load_imbalance=...)`` so both
+    price MoE layers with the placement's hottest rank. ``placements[(ep, gpus_per_node)]`` keeps
+    the placements (one per layer) for reporting.
+    """
+
+    def __init__(self, loads: Any, *, redundant_per_rank: int = 0, method: str = "mip", time_limit_s: float = 5.0,
+                 backend: str = DEFAULT_PLACEMENT_BACKEND):
+        self.loads = loads
+        self.redundant_per_rank = int(redundant_per_rank)
+        self.method, self.time_limit_s, self.backend = method, time_limit_s, backend
+        self.placements: dict[tuple[int, int], list[Placement]] = {}
+        self._ratio: dict[tuple[int, int], float] = {}
+
+    def __call__(self, ep: int, gpus_per_node: int) -> float:
+        key = (int(ep), int(gpus_per_node))
+        if key not in self._ratio:
+            rows, _ = _as_layers(self.loads)
+            experts = rows.shape[1]
+            if ep <= 1 or experts % ep or (ep > gpus_per_node and ep % gpus_per_node):
+                self._ratio[key] = 1.0  # no expert parallelism (or a degree the planner never forms)
+            else:
+                nodes = 1 if ep <= gpus_per_node else ep // gpus_per_node
+                res = place_experts(rows, ep, nodes, experts // ep + self.redundant_per_rank, method=self.method,
+                                    backend=self.backend, time_limit_s=self.time_limit_s)
+                self.placements[key] = list(res)
+                total_max = sum(pl.max_load for pl in res)
+                total_mean = sum(pl.mean_load for pl in res)
+                self._ratio[key] = max(1.0, total_max / total_mean) if total_mean > 0 else 1.0
+        return self._ratio[key]
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready description of every placement made (for ``Plan.expert_placement``)."""
+        out = []
+        for (ep, gpn), pls in sorted(self.placements.items()):
+            out.append({"ep": ep, "gpus_per_node": gpn, "imbalance": self._ratio[(ep, gpn)],
+                        "layers": len(pls), "max_gap": max((p.certificate.gap or 0.0) for p in pls),
+                        "statuses": sorted({p.certificate.status for p in pls})})
+        return {"method": self.method, "redundant_per_rank": self.redundant_per_rank, "ep_degrees": out}
