@@ -187,7 +187,7 @@ docs: docs/cli.md""")
     pl.add_argument("--training", metavar="FILE", help="training spec YAML/JSON (replaces --batch/--seq/--precision)")
     pl.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
                     help="solver time limit in seconds (default 60); 0 = heuristic plan and bound only, no MIP")
-    pl.add_argument("--backend", default=None, help="MIP backend: cp-sat (default), scip, highs, cbc, pulp-cbc")
+    pl.add_argument("--backend", default=None, help="MIP backend: highs (default), cp-sat, scip, cbc, pulp-cbc")
     pl.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="solver threads (default 1)")
     pl.add_argument("--seed", type=int, default=0, metavar="N", help="solver random seed (default 0)")
     pl.add_argument("--max-stages", type=_positive_int, default=None, metavar="N",

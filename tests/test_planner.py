@@ -234,3 +234,24 @@ def test_time_limit_returns_best_plan_with_its_gap():
     assert cert.gap is not None and cert.bound_s <= cert.objective_s
     assert plan.step_time_s <= cert.objective_s * (1 + 1e-9)  # the exact schedule is within the model
     assert len(cert.trajectory) >= 2
+
+
+def test_skewed_expert_loads_stretch_moe_layers_through_the_placement():
+    from tangram_opt.cost import CostModel, StageConfig
+    from tangram_opt.experts import ImbalanceModel, load_profile
+
+    model = load_model("mixtral-8x7b").with_layers(2)
+    training = TrainingSpec(global_batch_size=16, seq_len=1024)
+    node = load_cluster("h100-64").node_groups[0].node
+    loads = load_profile("zipf", experts=8, skew=1.5, tokens=80_000, seed=0, layers=2)
+    skew = ImbalanceModel(loads, time_limit_s=2)
+    ratio = skew(8, 8)
+    assert ratio > 1.2 and skew(1, 8) == 1.0
+    cfg = StageConfig(tp=1, dp=8, ep=8, zero=1)
+    flat = CostModel(model, training).layer(node, cfg, "moe")
+    skewed = CostModel(model, training, moe_load_imbalance=skew).layer(node, cfg, "moe")
+    assert skewed.fwd_time_s > flat.fwd_time_s
+    plan = solve("h100-64", model, training, time_limit_s=10, expert_loads=loads, multi_pipeline=False)
+    assert plan.expert_placement is not None and plan.expert_placement["method"] == "mip"
+    for d in plan.expert_placement["ep_degrees"]:
+        assert d["imbalance"] >= 1.0 and d["ep"] in {s.ep for s in plan.stages}

@@ -17,7 +17,8 @@ from tangram_opt.export.envelope import (PLAN_FILE_SCHEMA, PlanFile, plan_envelo
                                          plan_file_json, plan_file_json_schema, read_plan_file, save_plan_file,
                                          training_of)
 from tangram_opt.export.megatron import megatron_args, megatron_export, megatron_script
-from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, single_job
+from tangram_opt.export.parts import (Part, SyncGroup, cross_pipeline_groups, heterogeneity_notes, homogeneous_parts,
+                                      replica_notes, single_job)
 from tangram_opt.export.ranks import StageRanks, assign_ranks, node_launches
 from tangram_opt.export.torchtitan import torchtitan_parts, torchtitan_toml
 
@@ -94,5 +95,6 @@ __all__ = ["PLAN_FILE_SCHEMA", "PlanFile", "plan_envelope", "plan_file_json", "p
            "plan_file_from_dict",
            "read_plan_file", "save_plan_file", "training_of", "megatron_args", "megatron_export", "megatron_script",
            "deepspeed_config", "deepspeed_json", "deepspeed_notes", "deepspeed_parts", "torchtitan_parts",
-           "torchtitan_toml", "Part", "heterogeneity_notes", "homogeneous_parts", "single_job", "StageRanks",
+           "torchtitan_toml", "Part", "SyncGroup", "cross_pipeline_groups", "replica_notes", "heterogeneity_notes",
+           "homogeneous_parts", "single_job", "StageRanks",
            "assign_ranks", "node_launches", "FORMATS", "EXPORT_FILES", "export_notes", "export_text", "write_exports"]

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, single_job
+from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, replica_notes, single_job
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster
 
@@ -103,6 +103,8 @@ def deepspeed_json(plan: Plan, cluster: Cluster | None = None) -> str:
            "why_not_one_job": heterogeneity_notes(tuple(p.part for p in parts)),
            "parts": [{"part": p.name, "label": p.part.label, "ranks": p.part.rank_text, "config": p.config,
                       "notes": list(p.notes)} for p in parts]}
+    if len(plan.pipelines) > 1:
+        doc["pipelines"] = replica_notes(plan, cluster)
     return json.dumps(doc, indent=2) + "\n"
 
 

@@ -81,6 +81,7 @@ def _summary(plan: Plan) -> dict[str, Any]:
     return {"step_time_s": plan.step_time_s, "tokens_per_s": plan.tokens_per_s, "mfu": plan.mfu,
             "gpus_used": plan.gpus_used, "pipelines": len(plan.pipelines),
             "stages": [p.num_stages for p in plan.pipelines],
+            "sequences_per_pipeline": list(plan.sequences_per_pipeline), "cross_sync_s": plan.cross_sync_s,
             "status": cert.status if cert else None, "gap": cert.gap if cert else None,
             "bound_s": cert.bound_s if cert else None}
 

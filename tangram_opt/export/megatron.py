@@ -35,7 +35,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, single_job
+from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, replica_notes, single_job
 from tangram_opt.export.ranks import NodeLaunch, node_launches
 from tangram_opt.planner.plan import Plan, StagePlan
 from tangram_opt.specs.cluster import Cluster
@@ -269,6 +269,10 @@ def megatron_script(plan: Plan, *, model: ModelSpec | None = None, cluster: Clus
     else:
         out.append("# This plan is NOT one stock Megatron-LM job:")
         out += [f"#  - {r}" for r in ex.reasons]
+        replicas = replica_notes(plan, cluster)
+        if replicas:
+            out.append("# Several pipelines (docs/multi_pipeline.md, 'What a launcher needs'):")
+            out += [f"#  - {r}" for r in replicas]
         out.append("# Each block below is what one homogeneous part runs; joining them needs the launcher support "
                    "listed in docs/exports.md, 'What a heterogeneous plan needs'.")
     out.append("set -euo pipefail")

@@ -131,6 +131,78 @@ def homogeneous_parts(plan: Plan, cluster: Cluster | None = None) -> tuple[Part,
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncGroup:
+    """Pieces of the model held by the same stage in every pipeline: one cross-pipeline all-reduce.
+
+    ``layers`` are the transformer blocks, ``embedding`` / ``head`` whether the group holds them;
+    ``members`` the (pipeline, stage) pairs and ``ranks`` their global ranks, one entry per pipeline.
+    """
+
+    index: int
+    layers: tuple[int, ...]
+    embedding: bool
+    head: bool
+    members: tuple[tuple[int, int], ...]
+    ranks: tuple[StageRanks, ...]
+
+    @property
+    def label(self) -> str:
+        lay = (f"layers {self.layers[0]}-{self.layers[-1]}" if len(self.layers) > 1
+               else f"layer {self.layers[0]}" if self.layers else "")
+        extra = [x for x, on in (("embedding", self.embedding), ("LM head", self.head)) if on]
+        return " + ".join(([lay] if lay else []) + extra)
+
+
+def cross_pipeline_groups(plan: Plan, cluster: Cluster | None = None) -> tuple[SyncGroup, ...]:
+    """The all-reduce groups between the pipelines of a multi-pipeline plan (empty for one pipeline).
+
+    Pipelines may split the layers differently, so the data-parallel gradient all-reduce of a stock
+    framework (one group per stage) does not apply: each maximal run of layers held by the same
+    stages of all pipelines needs its own group over those stages' ranks (docs/multi_pipeline.md).
+    """
+    if len(plan.pipelines) < 2:
+        return ()
+    ranks = {(r.pipeline, r.stage): r for r in assign_ranks(plan, cluster)}
+    owner: dict[object, tuple[tuple[int, int], ...]] = {}
+    num_layers = max(s.first_layer + s.num_layers for s in plan.pipelines[0].stages)
+    for piece in ["E", *range(num_layers), "H"]:
+        who = []
+        for pi, pipe in enumerate(plan.pipelines):
+            for k, st in enumerate(pipe.stages):
+                if (piece == "E" and st.has_embedding) or (piece == "H" and st.has_head) or \
+                        (isinstance(piece, int) and piece in st.layer_range):
+                    who.append((pi, k))
+        owner[piece] = tuple(who)
+    groups: dict[tuple[tuple[int, int], ...], list[object]] = {}
+    for piece, who in owner.items():
+        groups.setdefault(who, []).append(piece)
+    out = []
+    for i, (who, pieces) in enumerate(groups.items()):
+        out.append(SyncGroup(index=i, layers=tuple(p for p in pieces if isinstance(p, int)), embedding="E" in pieces,
+                             head="H" in pieces, members=who, ranks=tuple(ranks[w] for w in who)))
+    return tuple(out)
+
+
+def replica_notes(plan: Plan, cluster: Cluster | None = None) -> list[str]:
+    """What a launcher needs to run several pipelines with uneven batch shares (empty for one pipeline)."""
+    if len(plan.pipelines) < 2:
+        return []
+    B = sum(p.sequences_per_step for p in plan.pipelines)
+    notes = [f"{len(plan.pipelines)} pipelines with batch shares "
+             + ", ".join(f"pipeline {i}: {p.pipeline_micro_batch} x {p.num_micro_batches} = {p.sequences_per_step}"
+                         for i, p in enumerate(plan.pipelines))
+             + f" sequences (global batch {B})",
+             "loss: each pipeline sums its per-token losses and divides by the global token count (not its own), "
+             "so that the all-reduced SUM of gradients equals the gradient of the global mean loss",
+             "gradients: after the intra-stage reduction, all-reduce (SUM) across pipelines in the groups below, "
+             "before the optimizer step (the plan prices this as not overlapped with compute)"]
+    for g in cross_pipeline_groups(plan, cluster):
+        members = "; ".join(f"pipeline {p} stage {k} (ranks {r.rank_text})" for (p, k), r in zip(g.members, g.ranks))
+        notes.append(f"all-reduce group {g.index}: {g.label}: {members}")
+    return notes
+
+
 def single_job(parts: tuple[Part, ...]) -> bool:
     """Whether the plan is one pipeline of one part (launchable as one stock framework job)."""
     return len(parts) == 1 and parts[0].whole_pipeline
@@ -156,4 +228,5 @@ def heterogeneity_notes(parts: tuple[Part, ...]) -> list[str]:
     return notes
 
 
-__all__ = ["Part", "homogeneous_parts", "single_job", "heterogeneity_notes"]
+__all__ = ["Part", "SyncGroup", "cross_pipeline_groups", "homogeneous_parts", "replica_notes", "single_job",
+           "heterogeneity_notes"]

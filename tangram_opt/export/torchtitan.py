@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, single_job
+from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, replica_notes, single_job
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster
 
@@ -125,6 +125,7 @@ def torchtitan_toml(plan: Plan, cluster: Cluster | None = None) -> str:
         return "\n".join(head) + "\n" + parts[0].toml()
     head.append("# This plan is NOT one torchtitan job:")
     head += [f"#  - {r}" for r in heterogeneity_notes(tuple(p.part for p in parts))]
+    head += [f"#  - {r}" for r in replica_notes(plan, cluster)]
     docs = ["\n".join(head) + "\n"]
     for p in parts:
         docs.append(f"# === {p.name} ===\n" + p.toml())

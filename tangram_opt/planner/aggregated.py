@@ -317,13 +317,38 @@ class AggregatedMIP:
             md.add(on_island[i] <= R * yi, f"on_def[{i}]")
             md.add(yi <= on_island[i], f"on_def2[{i}]")
             md.add(self.a[i, i] <= on_island[i] - yi, f"inner[{i}]")
+        # connectivity: the stages form one path, so every split of the used islands into two
+        # groups is crossed by at least one boundary (subtour elimination at island level)
+        if 1 < len(islands) <= 6:
+            for size in range(1, len(islands) // 2 + 1):
+                for group in itertools.combinations(islands, size):
+                    rest = [j for j in islands if j not in group]
+                    if size * 2 == len(islands) and group[0] != islands[0]:
+                        continue  # each bipartition once
+                    crossing = lsum(self.a[i, j] + self.a[j, i] for i in group for j in rest)
+                    for i in group:
+                        for j in rest:
+                            md.add(crossing >= self.aux[f"on[{i}]"] + self.aux[f"on[{j}]"] - 1,
+                                   f"connect[{','.join(map(str, group))}|{i},{j}]")
         Cm = self.aux["Cm"] = md.add_var("Cm", 0, big_t, integer=True)
         md.add(Cm == lsum(fl(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands), "comm")
         sent_ub = lsum(ce(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands)
-        # a link used at all bounds the period (each direction carries one transfer per micro-batch)
+        # a link used at all bounds the period (each direction carries one transfer per micro-batch),
+        # and so does the block of the two stages it joins: 2 Smax >= T_a + T_b + 2 c_ij, with
+        # T_a, T_b at least the fastest stage used on their islands (tmin[i])
+        tmin: dict[int, Var] = {}
+        if not gpipe and m > 2 and math.isfinite(hi):
+            big_s = ce(hi)
+            for i in islands:
+                tv = tmin[i] = self.aux[f"tmin[{i}]"] = md.add_var(f"tmin[{i}]", 0, big_s, integer=True)
+                for role, group, tys in (("first", self.e, firsts), ("last", self.h, lasts), ("mid", self.o, mids)):
+                    for si, var in group.items():
+                        if isl_of(tys, si) == i:
+                            md.add(tv <= fl(tys[si].time_s) + big_s * (1 - var), f"tmin_def[{i},{role}{si}]")
         for (i, j), av in self.a.items():
             cij = fl(p.p2p_s[i, j])
-            if cij > (tl if not gpipe else 0):
+            pair = bool(tmin) and 2 * cij > tl
+            if cij > (tl if not gpipe else 0) or pair:
                 wv = self.aux[f"w[{i},{j}]"] = md.add_binary(f"w[{i},{j}]")
                 md.add(av <= R * wv, f"link_used[{i},{j}]")
                 if gpipe:
@@ -331,6 +356,8 @@ class AggregatedMIP:
                     md.add(self.aux["Bmax"] >= cij * wv, f"link_B[{i},{j}]")
                 else:
                     md.add(Smax >= cij * wv, f"link_S[{i},{j}]")
+                    if pair:
+                        md.add(2 * Smax >= tmin[i] + tmin[j] + 2 * cij - 3 * ce(hi) * (1 - wv), f"link_block[{i},{j}]")
         if not gpipe and m > 2 and math.isfinite(hi):
             # 1F1B in-flight limit over the whole pipeline: Smax * P >= sum T + 2 * sum c when P < m,
             # with McCormick over Smax in [lo, hi] and P = 2 + n_mid in [2, R] for the product; the
@@ -469,7 +496,7 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
                 rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
                 yield con, a, rest
 
-    order = [k for k in ("Cm", "U") if k in aux] + sorted(k for k in aux if k.startswith("mt[")) + [
+    order = [k for k in ("Cm", "U") if k in aux] + sorted(k for k in aux if k.startswith(("mt[", "tmin["))) + [
         k for k in ("Tmax", "Fmax", "Bmax", "Smax", "Y") if k in aux]
     for _ in range(2):
         for name in order:
@@ -477,7 +504,7 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
             if name in ("Cm", "U"):
                 con, a, rest = next((c, a, r) for c, a, r in rows_of(var) if c.lb == c.ub)
                 val = (con.lb - rest) / a
-            elif name.startswith("mt["):
+            elif name.startswith(("mt[", "tmin[")):
                 val = var.ub
                 for con, a, rest in rows_of(var):
                     if a > 0 and not math.isinf(con.ub):

@@ -206,19 +206,24 @@ def pareto_filter(rows: list[Candidate], kinds: Sequence[str], *, schedule: str)
     """
     if len(rows) <= 1:
         return list(rows)
-    a = coefficient_matrix(rows, kinds, schedule=schedule)
-    isl = np.array([c.island for c in rows])
-    keep = np.ones(len(rows), dtype=bool)
-    order = np.lexsort(a.T[::-1])  # lexicographic: a dominator always comes before what it dominates
-    for pos, i in enumerate(order):
-        if not keep[i]:
-            continue
-        rest = order[pos + 1:]
-        rest = rest[keep[rest] & (isl[rest] == isl[i])]
-        if len(rest) == 0:
-            continue
-        dominated = np.all(a[i] <= a[rest] + 1e-12 * np.abs(a[rest]), axis=1)
-        keep[rest[dominated]] = False
+    by_island: dict[int, list[int]] = {}
+    for idx, c in enumerate(rows):
+        by_island.setdefault(c.island, []).append(idx)
+    keep = np.zeros(len(rows), dtype=bool)
+    for members in by_island.values():
+        a = coefficient_matrix([rows[i] for i in members], kinds, schedule=schedule)
+        alive = np.ones(len(members), dtype=bool)
+        order = np.lexsort(a.T[::-1])  # lexicographic: a dominator always comes before what it dominates
+        for pos, i in enumerate(order):
+            if not alive[i]:
+                continue
+            rest = order[pos + 1:]
+            rest = rest[alive[rest]]
+            if len(rest) == 0:
+                continue
+            dominated = np.all(a[i] <= a[rest] + 1e-12 * np.abs(a[rest]), axis=1)
+            alive[rest[dominated]] = False
+        keep[np.array(members)[alive]] = True
     return [c for c, k in zip(rows, keep) if k]
 
 

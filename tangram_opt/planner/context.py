@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tangram_opt.cost import Calibration, CostModel
@@ -26,7 +27,7 @@ class PlanningContext:
     cost: CostModel | None = None
     provider: CandidateProvider | None = None
     calibration: Calibration | None = None
-    moe_load_imbalance: float = 1.0
+    moe_load_imbalance: float | Callable[[int, int], float] = 1.0  # see CostModel
 
     def __post_init__(self) -> None:
         if self.cost is None:

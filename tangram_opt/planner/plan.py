@@ -50,6 +50,10 @@ class StagePlan:
     memory_bytes: float
     capacity_bytes: float
     inflight: int
+    #: multi-pipeline plans only: the stage's optimizer update, which must wait for the gradient
+    #: all-reduce across pipelines and so runs after it (``tail_time_s`` is then the exposed
+    #: intra-stage gradient sync alone). 0 in single-pipeline plans, whose tail holds the update.
+    post_sync_time_s: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -159,6 +163,9 @@ class Plan:
     certificate: Certificate | None = None
     expert_placement: dict[str, Any] | None = None
     schema_version: int = PLAN_SCHEMA_VERSION
+    #: multi-pipeline plans: seconds of the gradient all-reduce across the pipelines (not overlapped;
+    #: docs/multi_pipeline.md). ``step_time_s = max(pipeline step) + cross_sync_s + post_sync_s``.
+    cross_sync_s: float = 0.0
 
     # --- metrics ---------------------------------------------------------------------------
     @property
@@ -188,6 +195,16 @@ class Plan:
     def gap(self) -> float | None:
         return self.certificate.gap if self.certificate else None
 
+    @property
+    def post_sync_s(self) -> float:
+        """Multi-pipeline plans: the slowest stage's optimizer update after the cross-pipeline sync."""
+        return max((s.post_sync_time_s for s in self.stages), default=0.0)
+
+    @property
+    def sequences_per_pipeline(self) -> tuple[int, ...]:
+        """Each pipeline's share of the global batch (sequences per step)."""
+        return tuple(p.sequences_per_step for p in self.pipelines)
+
     def gpus_by_island(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self.stages:
@@ -208,6 +225,10 @@ class Plan:
                     f"z{s.zero} rc={s.recompute:<9} mb{s.micro_batch_size} layers {s.first_layer}-"
                     f"{s.first_layer + s.num_layers - 1}{extra}  T={1e3 * s.time_s:.1f} ms  "
                     f"mem {s.memory_bytes / u.GiB:.1f}/{s.capacity_bytes / u.GiB:.1f} GiB")
+        if len(self.pipelines) > 1:
+            lines.append(f"  cross-pipeline gradient all-reduce {1e3 * self.cross_sync_s:.1f} ms, then optimizer "
+                         f"{1e3 * self.post_sync_s:.1f} ms; batch shares "
+                         f"{' + '.join(map(str, self.sequences_per_pipeline))} sequences")
         if self.certificate:
             lines.append("  " + self.certificate.describe() + " [closed-form model "
                          f"{self.certificate.objective_s:.4f} s; exact schedule {self.step_time_s:.4f} s]")

@@ -31,12 +31,21 @@ from tangram_opt.planner.plan import Certificate, Plan
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import (DEFAULT_BACKEND, SolveOptions, SolveStatus, get_backend, lp_relaxation_bound,
                                  relative_gap, solve_model)
+from tangram_opt.solvers.model import lsum
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
 
 #: a node whose window is at most this wide (hi / lo) goes to the MIP backend instead of being split
 LEAF_WINDOW_RATIO = 1.03
+#: above this many candidates (summed over pipeline micro-batch sizes) a restricted search on the
+#: fastest RESTRICTED_PRIMAL_KEEP candidates per island and size first finds a good incumbent,
+#: using RESTRICTED_PRIMAL_SHARE of the time
+RESTRICTED_PRIMAL_CANDIDATES = 3000
+RESTRICTED_PRIMAL_KEEP = 2
+RESTRICTED_PRIMAL_SHARE = 0.3
+#: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
+NOGOOD_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +145,18 @@ def _tick_for(reference_s: float) -> float:
 
 
 FORMULATIONS = ("aggregated", "positional")
+#: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
+MULTI_PIPELINE_SINGLE_SHARE = 0.7
 
 
 def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None, *,
           time_limit_s: float = 60.0, backend: str = DEFAULT_BACKEND, threads: int = 1, seed: int = 0,
           rel_gap: float = 1e-4, space: SearchSpace | None = None, warm_start: bool = True,
           calibration: Calibration | None = None, provider: CandidateProvider | None = None,
-          moe_load_imbalance: float = 1.0, formulation: str = "aggregated", windows: bool = True,
-          fluid_cuts: bool = True, on_progress: Callable[[SearchEvent], None] | None = None) -> Plan:
+          moe_load_imbalance: float | Callable[[int, int], float] = 1.0, expert_loads: Any = None,
+          formulation: str = "aggregated", windows: bool = True,
+          fluid_cuts: bool = True, on_progress: Callable[[SearchEvent], None] | None = None,
+          multi_pipeline: bool | Any = True) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
     Returns the best plan found with a :class:`Certificate` (incumbent, dual bound, gap). On a time
@@ -151,8 +164,18 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     (with what came closest) when nothing fits, and :class:`NoSolutionError` when the time ran out
     before any plan was found.
 
+    MoE routing skew: ``expert_loads`` (tokens per expert, one row per MoE layer, e.g. routing
+    statistics) prices every MoE layer at the hottest EP rank of the best expert placement for each
+    EP degree (``tangram_opt.experts.ImbalanceModel``; the plan's ``expert_placement`` reports them);
+    ``moe_load_imbalance`` sets that ratio directly (a number, or a function of ``(ep, gpus_per_node)``).
+
     ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time) and
     ``fluid_cuts`` switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb.
+
+    ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
+    the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
+    data-parallel pipelines with uneven batch shares (docs/multi_pipeline.md) and return the better
+    plan; the certificate then covers both spaces. False keeps the single-pipeline search alone.
     """
     from tangram_opt.specs import load_cluster
 
@@ -165,12 +188,38 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
         raise SpecError("formulation", formulation, "is not a known formulation",
                         f"use one of {', '.join(FORMULATIONS)}")
     space = space or SearchSpace()
+    if expert_loads is not None:
+        from tangram_opt.experts import ImbalanceModel
+
+        moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
     ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
                           moe_load_imbalance=moe_load_imbalance)
-    search = _BranchAndBound(ctx, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
+    single_limit_s = time_limit_s * (MULTI_PIPELINE_SINGLE_SHARE if multi_pipeline else 1.0)
+    search = _BranchAndBound(ctx, backend=backend, time_limit_s=single_limit_s, threads=threads, seed=seed,
                              rel_gap=rel_gap, formulation=formulation, windows=windows, fluid_cuts=fluid_cuts,
                              warm_start=warm_start, on_progress=on_progress, t0=t0)
-    return search.run()
+    plan = search.run()
+    if not multi_pipeline:
+        return _attach_expert_placement(plan, moe_load_imbalance)
+    from tangram_opt.planner.multi import MultiPipelineOptions, with_multi_pipeline
+
+    plan = with_multi_pipeline(ctx, plan, backend=backend, time_limit_s=time_limit_s, t0=t0, threads=threads,
+                               seed=seed, rel_gap=rel_gap,
+                               options=multi_pipeline if isinstance(multi_pipeline, MultiPipelineOptions) else None)
+    return _attach_expert_placement(plan, moe_load_imbalance)
+
+
+def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
+    """Record the expert placements behind the MoE layer times of the chosen plan's EP degrees."""
+    summary = getattr(imbalance, "summary", None)
+    if summary is None:
+        return plan
+    from dataclasses import replace
+
+    used = {s.ep for s in plan.stages if s.ep > 1 and s.num_moe_layers}
+    info = summary()
+    info["ep_degrees"] = [d for d in info["ep_degrees"] if d["ep"] in used]
+    return replace(plan, expert_placement=info)
 
 
 class _BranchAndBound:
@@ -241,7 +290,9 @@ class _BranchAndBound:
         if not live:
             raise _nothing_fits(ctx)
         if self.warm_start:
-            self.seeds = greedy_by_micro_batch(ctx)
+            # the greedy across islands, and the same construction on each island alone (so the
+            # search starts no worse than a homogeneous plan of any island)
+            self.seeds = greedy_by_micro_batch(ctx, thorough=True)
             for b, (t, ch) in self.seeds.items():
                 self.offer(b, ch, t)
         for sub in live:  # exact one-stage pipelines: cheap, and they tighten the cutoff
@@ -250,11 +301,15 @@ class _BranchAndBound:
                 sub.single_s = one[0]
                 self.offer(sub.b, one[1], one[0])
         self.emit("start")
+        if self.warm_start and sum(len(s.problem.candidates) for s in live) > RESTRICTED_PRIMAL_CANDIDATES:
+            self.restricted_primal(live)
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
+        turn = 0
         while self.open:
-            node = heapq.heappop(self.open)
+            node = self.next_node(turn)
+            turn += 1
             if self.pruned(node.bound_s):
                 self.close(node, node.bound_s)
                 continue
@@ -276,6 +331,54 @@ class _BranchAndBound:
             if sub.status == "open":
                 sub.status = "closed" if not any(n.b == sub.b for n in self.open) else "not finished (time limit)"
         return self.finish()
+
+    def next_node(self, turn: int) -> _Node:
+        """Alternate best-bound (raises the global bound) with the best node of each pipeline
+        micro-batch size in turn (finds plans in every sub-problem, not only the one with the
+        lowest relaxation)."""
+        if turn % 2 == 0 or len(self.open) < 2:
+            return heapq.heappop(self.open)
+        bs = sorted({n.b for n in self.open})
+        b = bs[(turn // 2) % len(bs)]
+        best = min((n for n in self.open if n.b == b), key=lambda n: n.bound_s)
+        self.open.remove(best)
+        heapq.heapify(self.open)
+        return best
+
+    def restricted_primal(self, live: list[_Sub]) -> None:
+        """Primal heuristic for large instances: the same search on a heuristically pruned candidate
+        set (the fastest candidates per island and size) with a share of the time. Its plans are
+        real plans of the full space (their candidates are full-space candidates), so they become
+        incumbents and sharpen the cutoff; its bounds are not used."""
+        from dataclasses import replace
+
+        from tangram_opt.planner.candidates import AnalyticalCandidates
+
+        ctx = self.ctx
+        if not isinstance(ctx.provider, AnalyticalCandidates):
+            return
+        small_space = replace(ctx.space, heuristic_keep=RESTRICTED_PRIMAL_KEEP)
+        small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
+                                provider=AnalyticalCandidates(ctx.model, ctx.cost, small_space))  # type: ignore[arg-type]
+        inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
+                                threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
+                                windows=self.windows, fluid_cuts=self.fluid_cuts, warm_start=False,
+                                on_progress=None, t0=time.perf_counter())
+        try:
+            inner.run()
+        except (InfeasibleError, NoSolutionError):
+            return
+        if inner.inc is None:
+            return
+        b, choices = inner.inc
+        full = {(c.island, c.config): i for i, c in enumerate(self.subs[b].problem.candidates)}
+        small_cands = inner.subs[b].problem.candidates
+        mapped = [StageChoice(candidate=full[(small_cands[ch.candidate].island, small_cands[ch.candidate].config)],
+                              layers=dict(ch.layers)) for ch in choices]
+        t = choices_timing(self.subs[b].problem, mapped).step_time_s
+        self.offer(b, mapped, t)
+        self.emit(f"restricted search (fastest {RESTRICTED_PRIMAL_KEEP} candidates per island and size): "
+                  f"{t:.4f} s")
 
     def build(self, sub: _Sub, lo: float, hi: float) -> AggregatedMIP | PositionalMIP | None:
         cutoff = self.inc_s if math.isfinite(self.inc_s) else None
@@ -337,6 +440,9 @@ class _BranchAndBound:
     def split(self, node: _Node) -> None:
         sub = self.subs[node.b]
         hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+        if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
+            self.close(node, self.inc_s)
+            return
         mid = math.sqrt(node.lo_s * hi)
         for lo_c, hi_c in ((node.lo_s, mid), (mid, hi)):
             child = self.evaluate(sub, lo_c, hi_c)
@@ -387,6 +493,9 @@ class _BranchAndBound:
                     best = (t, ch)
             assert best is not None
             self.offer(sub.b, best[1], best[0])
+            if isinstance(mip, AggregatedMIP) and res.objective is not None and \
+                    best[0] > res.objective * tick * (1 + 1e-3):
+                self.explore_alternatives(node, mip, res.values, budget)
         if res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
             b = max(node.bound_s, res.bound * tick if res.bound is not None else node.bound_s)
             if res.status == SolveStatus.OPTIMAL or self.pruned(b):
@@ -396,6 +505,35 @@ class _BranchAndBound:
                 node.bound_s, node.tries = b, node.tries + 1
                 heapq.heappush(self.open, node)
         self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+
+    def explore_alternatives(self, node: _Node, mip: AggregatedMIP, values: list[float], budget: float) -> None:
+        """Primal search when the relaxation flattered the MIP's answer (its exact step time is
+        worse than the MIP objective): on a copy of the window's model, cut off the used stage-type
+        pattern (no-good on the binaries) and re-solve a few times, scoring each answer exactly.
+        Only incumbents come out of this; the node's bound is the original model's."""
+        import copy
+
+        sub = self.subs[node.b]
+        model = copy.deepcopy(mip.model)
+        binaries = [v for group in (mip.e, mip.h, mip.o) for v in group.values()]
+        vals = values
+        for _ in range(NOGOOD_ROUNDS):
+            left = min(budget / 2, self.remaining())
+            if left < 0.5:
+                return
+            ones = [v for v in binaries if vals[v.index] > 0.5]
+            zeros = [v for v in binaries if vals[v.index] <= 0.5]
+            model.add(lsum(1 - v for v in ones) + lsum(zeros) >= 1, f"nogood{len(model.constraints)}")
+            model.hint = {}
+            res = solve_model(model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
+                                                                 seed=self.seed, rel_gap=self.rel_gap))
+            sub.info["mip_solves"] += 1
+            sub.solve_time_s += res.solve_time_s
+            if res.values is None:
+                return
+            vals = res.values
+            ch = mip.decode(vals)
+            self.offer(sub.b, ch, choices_timing(sub.problem, ch).step_time_s)
 
     def finish(self) -> Plan:
         ctx = self.ctx

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from tangram_opt.specs.cluster import Cluster
 
 #: Colours: forward, backward, step tail, sends; per-stage palette for islands / memory.
-KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "tail": "#8C8C8C", "send_fwd": "#55A868", "send_bwd": "#C44E52"}
+KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "tail": "#8C8C8C", "send_fwd": "#55A868", "send_bwd": "#C44E52",
+               "sync": "#8172B3", "optimizer": "#CCB974"}
 STAGE_PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
                  "#CCB974", "#64B5CD")
 UNUSED_COLOR = "#E5E5E5"
@@ -96,6 +97,17 @@ def plot_timeline(sim: SimulationResult, ax: Axes | None = None, *, save_path: s
         if labels and e.kind in ("F", "B") and e.duration_s > 0:
             ax.text(e.start_s + e.duration_s / 2, y, str(e.micro_batch), ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
+    # several pipelines: the all-reduce across them, then every stage's optimizer step
+    drawn = [p for p in sim.pipelines if pipelines is None or p.index in pipelines]
+    after = [(sim.cross_pipeline_sync_s, "sync"), (sim.post_sync_time_s, "optimizer")]
+    if len(sim.pipelines) > 1 and drawn and any(d > 0 for d, _ in after):
+        t = max(p.step_time_s for p in sim.pipelines)
+        for dur, kind in after:
+            for (_, (p, s, what)) in rows:
+                if what == "compute":
+                    ax.barh(index[(p, s, "compute")], dur, left=t, height=0.8, color=KIND_COLORS[kind],
+                            edgecolor="white", linewidth=0.3)
+            t += dur
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, sim.step_time_s * 1.005)
@@ -104,6 +116,10 @@ def plot_timeline(sim: SimulationResult, ax: Axes | None = None, *, save_path: s
     ax.set_axisbelow(True)
     handles = [Patch(color=KIND_COLORS["F"], label="forward"), Patch(color=KIND_COLORS["B"], label="backward"),
                Patch(color=KIND_COLORS["tail"], label="grad sync + optimizer")]
+    if len(sim.pipelines) > 1 and (sim.cross_pipeline_sync_s > 0 or sim.post_sync_time_s > 0):
+        handles[-1] = Patch(color=KIND_COLORS["tail"], label="grad sync in stage")
+        handles += [Patch(color=KIND_COLORS["sync"], label="all-reduce across pipelines"),
+                    Patch(color=KIND_COLORS["optimizer"], label="optimizer")]
     if show_sends:
         handles += [Patch(color=KIND_COLORS["send_fwd"], label="activation send"),
                     Patch(color=KIND_COLORS["send_bwd"], label="gradient send")]

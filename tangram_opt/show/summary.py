@@ -28,7 +28,7 @@ TABLE_COLUMNS = (
     "first_layer", "last_layer", "num_layers", "num_dense_layers", "num_moe_layers", "has_embedding", "has_head",
     "fwd_time_s", "bwd_time_s", "stage_time_s", "tail_time_s", "p2p_time_s", "memory_bytes", "capacity_bytes",
     "memory_free_bytes", "memory_used_fraction", "inflight", "pipeline_micro_batch", "num_micro_batches",
-    "schedule", "bubble_fraction",
+    "schedule", "bubble_fraction", "sequences_per_step", "post_sync_time_s",
 )
 
 
@@ -40,7 +40,8 @@ def plan_metrics(plan: Plan) -> dict[str, Any]:
         "global_batch_size": plan.global_batch_size, "seq_len": plan.seq_len, "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s, "mfu": plan.mfu, "cluster_mfu": plan.cluster_mfu,
         "gpus_used": plan.gpus_used, "cluster_gpus": sum(plan.island_gpus.values()) or plan.gpus_used,
-        "pipelines": len(plan.pipelines),
+        "pipelines": len(plan.pipelines), "sequences_per_pipeline": plan.sequences_per_pipeline,
+        "cross_sync_s": plan.cross_sync_s, "post_sync_s": plan.post_sync_s,
         "status": cert.status if cert else None, "gap": cert.gap if cert else None,
         "bound_s": cert.bound_s if cert else None, "backend": cert.backend if cert else None,
         "solve_time_s": cert.solve_time_s if cert else None,
@@ -59,7 +60,8 @@ def plan_table(plan: Plan) -> pd.DataFrame:
                          s.num_dense_layers, s.num_moe_layers, s.has_embedding, s.has_head, s.fwd_time_s,
                          s.bwd_time_s, s.time_s, s.tail_time_s, s.p2p_time_s, s.memory_bytes, s.capacity_bytes,
                          s.memory_free_bytes, s.memory_bytes / s.capacity_bytes if s.capacity_bytes else float("nan"),
-                         s.inflight, p.pipeline_micro_batch, p.num_micro_batches, p.schedule, p.bubble_fraction))
+                         s.inflight, p.pipeline_micro_batch, p.num_micro_batches, p.schedule, p.bubble_fraction,
+                         p.sequences_per_step, s.post_sync_time_s))
     df = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
     df.attrs.update(plan_metrics(plan))
     return df
@@ -83,6 +85,12 @@ def headline(plan: Plan) -> list[str]:
         else:
             lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {u.fmt_seconds(cert.bound_s)}"
                          f" on every plan in the searched space; {cert.backend}, {cert.solve_time_s:.1f} s)")
+    if len(plan.pipelines) > 1:
+        slowest = max(p.step_time_s for p in plan.pipelines)
+        lines.append(f"{len(plan.pipelines)} data-parallel pipelines, batch shares "
+                     f"{' + '.join(map(str, plan.sequences_per_pipeline))} sequences; step = slowest pipeline "
+                     f"{u.fmt_seconds(slowest)} + cross-pipeline gradient all-reduce {u.fmt_seconds(plan.cross_sync_s)}"
+                     f" + optimizer {u.fmt_seconds(plan.post_sync_s)}")
     used = plan.gpus_by_island()
     if plan.island_gpus:
         lines.append("islands: " + ", ".join(f"{name} {used.get(name, 0)}/{n} GPUs"
@@ -92,8 +100,10 @@ def headline(plan: Plan) -> list[str]:
 
 def _pipeline_table(plan: Plan, pi: int) -> Table:
     p = plan.pipelines[pi]
+    share = (f", share {p.sequences_per_step} of {plan.global_batch_size} seq, ready after "
+             f"{u.fmt_seconds(p.step_time_s)}" if len(plan.pipelines) > 1 else "")
     t = Table(title=f"pipeline {pi}: {p.num_stages} stage(s), {p.num_micro_batches} micro-batches x "
-                    f"{p.pipeline_micro_batch} seq, {p.schedule}, bubble {_pct(p.bubble_fraction)}",
+                    f"{p.pipeline_micro_batch} seq, {p.schedule}, bubble {_pct(p.bubble_fraction)}{share}",
               box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False, collapse_padding=True)
     show_cp = any(s.cp > 1 for s in p.stages)
     show_ep = any(s.ep > 1 for s in p.stages)
@@ -133,8 +143,12 @@ def summary_renderable(plan: Plan) -> Group:
         parts.append(_pipeline_table(plan, pi))
     parts.append(Text("layers +E: embedding, +H: LM head. mem: used/usable GiB per GPU. cp, ep: shown when > 1.",
                       style="dim"))
-    parts.append(Text("F+B: forward + backward of one micro-batch. tail: exposed gradient sync + optimizer step.",
-                      style="dim"))
+    if len(plan.pipelines) > 1:
+        parts.append(Text("F+B: forward + backward of one micro-batch. tail: exposed intra-stage gradient sync; the "
+                          "optimizer step follows the cross-pipeline all-reduce.", style="dim"))
+    else:
+        parts.append(Text("F+B: forward + backward of one micro-batch. tail: exposed gradient sync + optimizer step.",
+                          style="dim"))
     return Group(*parts)
 
 

@@ -5,10 +5,12 @@ step time: both recompute every stage from the specs through the cost model. See
 """
 
 from tangram_opt.sim._stages import StageWork
+from tangram_opt.sim.cross_sync import CrossSyncResult, allreduce_hook, cross_pipeline_allreduce
 from tangram_opt.sim.simulate import (EVENT_KINDS, NO_MICRO_BATCH, PipelineResult, PlanComparison, SimulationResult,
                                       StageDifference, StageResult, TraceEvent, op_order, replay, simulate)
 from tangram_opt.sim.validate import PlanValidationError, Violation, validate, validate_or_raise
 
-__all__ = ["EVENT_KINDS", "NO_MICRO_BATCH", "PipelineResult", "PlanComparison", "SimulationResult", "StageDifference",
-           "StageResult", "StageWork", "TraceEvent", "op_order", "replay", "simulate", "PlanValidationError",
-           "Violation", "validate", "validate_or_raise"]
+__all__ = ["CrossSyncResult", "allreduce_hook", "cross_pipeline_allreduce", "EVENT_KINDS", "NO_MICRO_BATCH",
+           "PipelineResult", "PlanComparison", "SimulationResult", "StageDifference", "StageResult", "StageWork",
+           "TraceEvent", "op_order", "replay", "simulate", "PlanValidationError", "Violation", "validate",
+           "validate_or_raise"]

@@ -98,6 +98,12 @@ def stage_work(cost: CostModel, island: Island, stage: StagePlan, label: str = "
     )
 
 
+def stage_tail_parts(cost: CostModel, island: Island, stage: StagePlan) -> tuple[float, float]:
+    """(exposed gradient sync, optimizer update) of a stage per step; their sum is its tail."""
+    parts = stage_components(cost, island, stage)
+    return (sum(c.grad_sync_time_s * n for c, n in parts), sum(c.optimizer_time_s * n for c, n in parts))
+
+
 def p2p_times(cost: CostModel, cluster: Cluster, islands: dict[str, Island], pipe: PipelinePlan) -> list[float]:
     """Seconds to send one micro-batch's activation (or its gradient) across each stage boundary,
     on the link between the two stages' islands."""

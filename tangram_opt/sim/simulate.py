@@ -22,9 +22,12 @@ Model of one pipeline (Narayanan et al., SC'21, Sec. 2.2 for 1F1B; Huang et al. 
   forward has started and whose backward has not ended, plus the transient scratch while a forward
   or backward runs.
 
-Several pipelines (data-parallel replicas) run on disjoint GPUs and are replayed independently;
-the step is the slowest pipeline's plus a cross-pipeline gradient synchronization, which is a hook
-(``cross_pipeline_sync``) returning 0 until replicas are planned (issue 10).
+Several pipelines (data-parallel replicas, issue 10) run on disjoint GPUs and are replayed
+independently. Each stage's tail is then only its exposed intra-stage gradient sync; when the
+slowest pipeline is done, the gradients are all-reduced across the pipelines (the
+``cross_pipeline_sync`` hook; by default :func:`tangram_opt.sim.cross_sync.cross_pipeline_allreduce`,
+priced from the plan and the specs), and then every stage runs its optimizer update:
+``step = max_p pipeline_p + cross sync + max_k optimizer_k``.
 """
 
 from __future__ import annotations
@@ -33,14 +36,15 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tangram_opt import units as u
 from tangram_opt.cost import Calibration, CostModel
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.plan import Plan
-from tangram_opt.sim._stages import SCHEDULES, StageWork, island_by_name, p2p_times, stage_work
+from tangram_opt.sim._stages import SCHEDULES, StageWork, island_by_name, p2p_times, stage_tail_parts, stage_work
+from tangram_opt.sim.cross_sync import allreduce_hook
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
@@ -256,6 +260,8 @@ class SimulationResult:
     pipelines: tuple[PipelineResult, ...]
     events: tuple[TraceEvent, ...]
     cross_pipeline_sync_s: float = 0.0
+    #: several pipelines: the slowest stage's optimizer update, after the cross-pipeline sync
+    post_sync_time_s: float = 0.0
 
     # --- per-stage views ---------------------------------------------------------------------
     @property
@@ -537,8 +543,7 @@ CrossPipelineSync = Callable[[Plan, Sequence[PipelineResult]], float]
 
 
 def no_cross_pipeline_sync(plan: Plan, pipelines: Sequence[PipelineResult]) -> float:
-    """The default hook: 0 s. Replicated pipelines (issue 10) will all-reduce their gradients
-    between islands after their tails; until the planner prices that, the simulator does not either."""
+    """A hook that prices the cross-pipeline all-reduce at 0 s (for what-if studies)."""
     return 0.0
 
 
@@ -552,28 +557,40 @@ def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingS
     plan was made with. ``schedule`` overrides each pipeline's schedule (e.g. replay a 1F1B plan
     under GPipe). The plan should pass :func:`tangram_opt.sim.validate.validate` first; a plan
     naming an unknown island or an invalid configuration raises :class:`SpecError`.
+
+    With several pipelines, each stage's tail is its exposed gradient sync only; the step adds
+    ``cross_pipeline_sync(plan, pipeline_results)`` (default: the all-reduce priced by
+    :mod:`tangram_opt.sim.cross_sync`) and then the slowest stage's optimizer update.
     """
     cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance)
     islands = island_by_name(cluster)
     results: list[PipelineResult] = []
     events: list[TraceEvent] = []
+    several = len(plan.pipelines) > 1
+    post_sync = 0.0
     for pi, pipe in enumerate(plan.pipelines):
         works = []
         for k, st in enumerate(pipe.stages):
             if st.island not in islands:
                 raise SpecError(f"pipelines[{pi}].stages[{k}].island", st.island, "is not an island of the cluster",
                                 f"use one of {', '.join(islands)}")
-            works.append(stage_work(cost, islands[st.island], st))
+            work = stage_work(cost, islands[st.island], st)
+            if several:  # the optimizer waits for the all-reduce across pipelines
+                grad_sync_s, optimizer_s = stage_tail_parts(cost, islands[st.island], st)
+                work = replace(work, tail_time_s=grad_sync_s)
+                post_sync = max(post_sync, optimizer_s)
+            works.append(work)
         sched = schedule or pipe.schedule
         res, evs = replay(works, num_micro_batches=pipe.num_micro_batches, schedule=sched,
                           p2p_s=p2p_times(cost, cluster, islands, pipe), pipeline=pi)
         results.append(res)
         events.extend(evs)
-    sync = (cross_pipeline_sync or no_cross_pipeline_sync)(plan, results)
-    step = max(r.step_time_s for r in results) + sync
+    hook = cross_pipeline_sync or allreduce_hook(cluster, cost)
+    sync = hook(plan, results) if several or cross_pipeline_sync is not None else 0.0
+    step = max(r.step_time_s for r in results) + sync + post_sync
     events.sort(key=lambda e: (e.start_s, e.pipeline, e.stage, EVENT_KINDS.index(e.kind), e.micro_batch))
     return SimulationResult(step_time_s=step, pipelines=tuple(results), events=tuple(events),
-                            cross_pipeline_sync_s=sync)
+                            cross_pipeline_sync_s=sync, post_sync_time_s=post_sync)
 
 
 def _rel(sim: float, pred: float) -> float:

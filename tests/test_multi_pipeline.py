@@ -1,0 +1,324 @@
+"""Several data-parallel pipelines in one plan (issue 10): templates, level-2 MIP, sync model, checks."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from tangram_opt.errors import SpecError
+from tangram_opt.planner.brute_multi import brute_force_multi
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.islands import find_islands
+from tangram_opt.planner.multi import (MultiPipelineOptions, SyncStage, _Pricer, assemble, cross_sync, latency_steps,
+                                       one_stage_templates, ring_factor, run_multi_pipeline, solve_level2,
+                                       split_micro_batches, sub_cluster)
+from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.search import solve
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.sim import cross_pipeline_allreduce, simulate, validate
+from tangram_opt.solvers import available_backends
+from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
+
+BACKENDS = available_backends()
+SMALL_SPACE = dict(zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2), tp=(1, 2))
+RMAX = 4
+
+
+def tiny_cluster():
+    """Two one-node islands with fast NICs: small enough to enumerate, and several pipelines win."""
+    return make_cluster("tiny-dp", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=1600),
+                                    dict(name="v100", gpu="V100-16", nodes=1, gpus_per_node=4, nic_gbps=800)])
+
+
+def two_zone_cluster():
+    """Three one-node islands in two zones joined by a 200 Gb/s link (exercises the zone rows)."""
+    return make_cluster("tiny-2z", [
+        dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=1600, zone="za"),
+        dict(name="v100", gpu="V100-16", nodes=1, gpus_per_node=4, nic_gbps=800, zone="zb"),
+        dict(name="a100b", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=1600, zone="zb")],
+        zone_links=[dict(zones=["za", "zb"], gbps=200, latency_ms=0.5)])
+
+
+INSTANCES = {"one-zone-1f1b": (tiny_cluster, 3, "1f1b", RMAX), "two-zones-gpipe": (two_zone_cluster, 2, "gpipe", 3)}
+
+
+def _instance(name):
+    make, max_stages, schedule, rmax = INSTANCES[name]
+    cluster, model = make(), load_model("opt-350m")
+    training = TrainingSpec(global_batch_size=16, seq_len=4096, precision="fp16")
+    space = SearchSpace(max_stages=max_stages, schedule=schedule, **SMALL_SPACE)
+    single = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, multi_pipeline=False)
+    ctx = PlanningContext(cluster, model, training, space=space)
+    _, run = run_multi_pipeline(ctx, single, backend=BACKENDS[0], time_limit_s=60, t0=time.perf_counter(),
+                                rel_gap=1e-9, options=MultiPipelineOptions(max_pipelines=rmax))
+    best = brute_force_multi(ctx, run.templates, run.pricer, max_pipelines=rmax)
+    assert best is not None and best.plans_evaluated > 1000
+    return cluster, model, training, space, single, ctx, run, best, rmax
+
+
+@pytest.fixture(scope="module", params=sorted(INSTANCES))
+def instance(request):
+    return _instance(request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _instance("one-zone-1f1b")
+
+
+# --- the level-2 MIP against exhaustive enumeration -------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_level2_mip_matches_brute_force_over_the_template_space(instance, backend):
+    _, _, _, _, single, ctx, run, best, rmax = instance
+    lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax, backend=backend,
+                      time_limit_s=60, rel_gap=1e-9)
+    assert lv.status == "optimal", lv
+    assert lv.bound_s <= best.objective_s * (1 + 1e-12)  # a valid bound of the declared space
+    assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)  # and nothing better was missed
+    # with the single-pipeline optimum as cutoff (what solve() does), the same plan comes out
+    cut = solve_level2(ctx, run.templates, run.pricer, cutoff_s=single.certificate.objective_s,
+                       max_pipelines=rmax, backend=backend, time_limit_s=60, rel_gap=1e-9)
+    assert cut.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_solve_returns_the_better_structure_with_a_certificate_for_the_union(instance, backend):
+    cluster, model, training, space, single, _, _, best, rmax = instance
+    assert best.objective_s < single.certificate.objective_s  # on these instances several pipelines win
+    plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9,
+                 multi_pipeline=MultiPipelineOptions(max_pipelines=rmax))
+    cert = plan.certificate
+    assert len(plan.pipelines) >= 2
+    assert cert.objective_s <= best.objective_s * (1 + 1e-6)
+    assert cert.bound_s <= min(best.objective_s, single.certificate.objective_s) * (1 + 1e-12)
+    assert cert.status == "optimal" and cert.gap <= 1e-5
+    assert cert.plan_space.startswith("union of (A) single") and "templates" in cert.plan_space
+    assert any(r.get("level", "").startswith("multi-pipeline") for r in cert.subproblems)
+    assert plan.step_time_s <= single.step_time_s
+    assert sum(plan.sequences_per_pipeline) == training.global_batch_size
+    assert validate(plan, cluster, model, training) == []
+    sim = simulate(plan, cluster, model, training)
+    assert sim.step_time_s == pytest.approx(plan.step_time_s, rel=0.02)
+    assert sim.cross_pipeline_sync_s == pytest.approx(plan.cross_sync_s, rel=1e-9)
+
+
+# --- the three special cases of the same machinery -----------------------------------------------
+def test_one_pipeline_when_several_never_help():
+    cluster = make_cluster("one-node", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=8, nic_gbps=800)])
+    model, training = load_model("opt-350m"), TrainingSpec(global_batch_size=32, seq_len=2048, precision="fp16")
+    alone = solve(cluster, model, training, time_limit_s=30, multi_pipeline=False)
+    both = solve(cluster, model, training, time_limit_s=30)
+    assert len(both.pipelines) == 1
+    assert both.certificate.objective_s == pytest.approx(alone.certificate.objective_s, rel=1e-12)
+    assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-12)
+    assert both.certificate.status == "optimal" and both.cross_sync_s == 0.0
+    assert "single" in both.certificate.plan_space and "union" not in alone.certificate.plan_space
+
+
+def test_pure_data_parallelism_with_uneven_shares_on_a_mixed_cluster():
+    cluster, model = load_cluster("tiny-mixed"), load_model("opt-350m")
+    training = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
+    alone = solve(cluster, model, training, time_limit_s=30, multi_pipeline=False)
+    plan = solve(cluster, model, training, time_limit_s=30)
+    assert len(plan.pipelines) >= 2 and all(p.num_stages == 1 for p in plan.pipelines)
+    assert plan.step_time_s < alone.step_time_s
+    # shares follow speed: an A100 (312 TFLOP/s fp16) gets about 2.5 times a V100's (125) sequences
+    per_gpu: dict[str, float] = {}
+    for p in plan.pipelines:
+        per_gpu[p.stages[0].gpu] = per_gpu.get(p.stages[0].gpu, 0.0) + p.sequences_per_step / p.gpus
+    assert set(per_gpu) == {"A100-40", "V100-16"}
+    assert 1.5 <= per_gpu["A100-40"] / per_gpu["V100-16"] <= 3.5
+    assert validate(plan, cluster, model, training) == []
+    sim = simulate(plan, cluster, model, training)
+    assert sim.step_time_s == pytest.approx(plan.step_time_s, rel=0.02)
+    assert not sim.check(plan, rtol=0.02)
+
+
+def test_identical_replicas_of_one_template_on_a_homogeneous_cluster():
+    # a fixed pipeline micro-batch of 8 sequences caps a stage at dp 8 (one node): one pipeline
+    # would need a second stage (bubble) or tensor parallelism; two copies of the one-node stage win
+    cluster = make_cluster("two-nodes", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=8, nic_gbps=800)])
+    model, training = load_model("opt-350m"), TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
+    space = SearchSpace(pipeline_micro_batches=(8,))
+    alone = solve(cluster, model, training, space=space, time_limit_s=30, multi_pipeline=False)
+    plan = solve(cluster, model, training, space=space, time_limit_s=30)
+    assert len(plan.pipelines) == 2 and plan.certificate.objective_s < alone.certificate.objective_s
+    a, b = plan.pipelines
+    assert a.stages == b.stages and a.num_micro_batches == b.num_micro_batches == 4
+    sim = simulate(plan, cluster, model, training)
+    assert sim.step_time_s == pytest.approx(plan.step_time_s, rel=0.02)
+
+
+# --- the cross-pipeline all-reduce ---------------------------------------------------------------------
+def _stage(p: int, k: int, zone: str, nbytes: float, bw: float, pieces) -> SyncStage:
+    return SyncStage(pipeline=p, stage=k, zone=zone, bytes_per_gpu=nbytes, bw_per_gpu_bytes_per_s=bw,
+                     nic_latency_s=1e-6, pieces=tuple(pieces))
+
+
+def test_cross_sync_model_by_hand():
+    assert ring_factor(1) == 0.0 and ring_factor(2) == 1.0 and ring_factor(4) == 1.5
+    assert latency_steps(2) == 2 and latency_steps(8) == 6 and latency_steps(1) == 0
+    pieces = {0: 100.0, 1: 100.0, "embedding": 10.0, "head": 10.0}
+    # one pipeline: nothing to synchronize
+    one = cross_sync([[_stage(0, 0, "z", 50.0, 10.0, [0, 1, "embedding", "head"])]], pieces, {})
+    assert one.total_s == 0.0
+    # two pipelines, one of them with two stages: the slowest NIC share sets the bandwidth term
+    pipes = [[_stage(0, 0, "z", 60.0, 10.0, [0, 1, "embedding", "head"])],
+             [_stage(1, 0, "z", 20.0, 2.0, [0, "embedding"]), _stage(1, 1, "z", 20.0, 4.0, [1, "head"])]]
+    res = cross_sync(pipes, pieces, {})
+    assert res.nic_s == pytest.approx(1.0 * 20.0 / 2.0) and res.zone_s == 0.0
+    assert res.groups == 2  # {p0s0, p1s0} and {p0s1... }: pieces grouped by the stages holding them
+    assert res.latency_s == pytest.approx(2 * latency_steps(2) * 1e-6)  # stage p0s0 is in both groups
+    # across zones the link carries 2(R-1)/R of every piece's bytes
+    zoned = [[_stage(0, 0, "a", 1.0, 1e9, [0, 1, "embedding", "head"])],
+             [_stage(1, 0, "b", 1.0, 1e9, [0, 1, "embedding", "head"])]]
+    res = cross_sync(zoned, pieces, {("a", "b"): (22.0, 1e-3)})
+    assert res.zone_s == pytest.approx(220.0 / 22.0) and res.bottleneck.startswith("zone link")
+    assert res.latency_s == pytest.approx(latency_steps(2) * (1e-6 + 1e-3))
+
+
+def _fits(ctx, group) -> bool:
+    used = {}
+    for t in group:
+        for i, g in t.gpus.items():
+            used[i] = used.get(i, 0) + g
+    return all(g <= ctx.islands[i].num_gpus for i, g in used.items())
+
+
+def _plans_to_check():
+    """Multi-pipeline plans built directly from templates: mixed islands, zones, MoE, several stages."""
+    out = []
+    cases = [
+        (load_cluster("tiny-mixed"), load_model("opt-350m"), 64, {}, "fp16"),
+        (load_cluster("two-zone"), load_model("gpt-neo-2.7b").with_layers(8), 32, {}, "fp16"),
+        (make_cluster("moe", [dict(name="h100", gpu="H100-SXM", nodes=1, gpus_per_node=8, nic_gbps=3200),
+                              dict(name="a100", gpu="A100-80", nodes=1, gpus_per_node=8, nic_gbps=1600)]),
+         load_model("mixtral-8x7b").with_layers(2), 16, dict(zero=(1, 3), micro_batch_sizes=(1,), cp=(1,)), "bf16"),
+    ]
+    for cluster, model, batch, sp, precision in cases:
+        training = TrainingSpec(global_batch_size=batch, seq_len=2048, precision=precision)
+        ctx = PlanningContext(cluster, model, training, space=SearchSpace(**sp))
+        single = solve(cluster, model, training, space=SearchSpace(**sp), time_limit_s=20, multi_pipeline=False)
+        _, run = run_multi_pipeline(ctx, single, backend=BACKENDS[0], time_limit_s=20, t0=time.perf_counter())
+        pricer = run.pricer
+        ones = [t for t in run.templates if t.num_stages == 1]
+        deep = [t for t in run.templates if t.num_stages > 1]
+        by_island = {}
+        for t in ones:
+            (i,) = t.gpus
+            by_island.setdefault(i, []).append(t)
+        widest = [max(ts, key=lambda t: (t.total_gpus, -t.min_period_s)) for ts in by_island.values()]
+        half = [min(ts, key=lambda t: abs(2 * t.total_gpus - ctx.islands[i].num_gpus)) for i, ts in by_island.items()]
+        groups = [widest, [half[0], half[0]]]
+        for t in deep:
+            rest = [o for o in ones if _fits(ctx, [t, o])]
+            if rest:
+                groups.append([t, max(rest, key=lambda o: o.total_gpus)])
+        for group in groups:
+            if len(group) < 2 or not _fits(ctx, group):
+                continue
+            ms = split_micro_batches(pricer, group, batch)
+            if ms is not None:
+                out.append((cluster, model, training, assemble(ctx, pricer, list(zip(group, ms)))))
+    return out
+
+
+def test_simulator_prices_the_cross_pipeline_sync_independently_and_agrees():
+    plans = _plans_to_check()
+    assert len(plans) >= 5
+    assert any(len({p.stages[0].island for p in plan.pipelines}) > 1 for _, _, _, plan in plans)
+    for cluster, model, training, plan in plans:
+        assert validate(plan, cluster, model, training) == [], plan.describe()
+        sim = simulate(plan, cluster, model, training)
+        priced = cross_pipeline_allreduce(plan, cluster, sim_cost(model, training))
+        assert priced.time_s == pytest.approx(plan.cross_sync_s, rel=1e-9)
+        assert sim.cross_pipeline_sync_s == pytest.approx(plan.cross_sync_s, rel=1e-9)
+        assert sim.post_sync_time_s == pytest.approx(plan.post_sync_s, rel=1e-9)
+        assert sim.step_time_s == pytest.approx(plan.step_time_s, rel=0.02)
+        assert not sim.check(plan, rtol=0.02), sim.check(plan, rtol=0.02)
+    zoned = [plan for c, _, _, plan in plans if c.name == "two-zone"]
+    assert zoned and all(p.cross_sync_s > 0 for p in zoned)
+    assert any(max(p.num_stages for p in plan.pipelines) > 1 for _, _, _, plan in plans)
+    assert any(model.moe is not None for _, model, _, _ in plans)
+
+
+def sim_cost(model, training):
+    from tangram_opt.cost import CostModel
+
+    return CostModel(model, training)
+
+
+# --- pieces ---------------------------------------------------------------------------------------
+def test_sub_cluster_keeps_shapes_zones_and_links():
+    cluster = load_cluster("two-zone")
+    islands = find_islands(cluster)
+    sub = sub_cluster(cluster, islands, {0: 2, 1: 4})
+    assert sub is not None and sub.num_gpus == 48 and sub.zones == cluster.zones
+    assert sub.zone_link("zone-a", "zone-b") is not None
+    only = sub_cluster(cluster, islands, {1: 8})
+    assert only is not None and only.zones == ("zone-b",) and not only.zone_links
+    assert sub_cluster(cluster, islands, {}) is None
+
+
+def test_split_micro_batches_is_exact_and_balanced():
+    ctx = PlanningContext(load_cluster("tiny-mixed"), load_model("opt-350m"),
+                          TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16"))
+    pricer = _Pricer(ctx)
+    ones = one_stage_templates(ctx, pricer)
+    a100 = max((t for t in ones if set(t.gpus) == {0} and t.b == 8), key=lambda t: t.total_gpus)
+    v100 = max((t for t in ones if set(t.gpus) == {1} and t.b == 8), key=lambda t: t.total_gpus)
+    ms = split_micro_batches(pricer, [a100, v100], 64)
+    assert ms is not None and 8 * sum(ms) == 64
+    worst = max(pricer.cf(a100, ms[0]), pricer.cf(v100, ms[1]))
+    for m in range(1, 8):  # no other split has a faster slowest pipeline
+        assert max(pricer.cf(a100, m), pricer.cf(v100, 8 - m)) >= worst - 1e-15
+    assert split_micro_batches(pricer, [a100, v100], 4) is None  # 4 sequences cannot feed two pipelines of 8
+
+
+def test_plan_fields_round_trip_and_show_and_export_several_pipelines(tiny):
+    from tangram_opt.export import deepspeed_json, megatron_script, torchtitan_toml
+    from tangram_opt.export.parts import cross_pipeline_groups
+    from tangram_opt.show import plan_table, summary_text
+
+    cluster, model, training, space, *_ = tiny
+    plan = solve(cluster, model, training, space=space, time_limit_s=30,
+                 multi_pipeline=MultiPipelineOptions(max_pipelines=RMAX))
+    assert len(plan.pipelines) >= 2
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.cross_sync_s > 0 and again.post_sync_s > 0
+    text = summary_text(plan)
+    assert "pipeline 1:" in text and "cross-pipeline" in text and "share" in text
+    df = plan_table(plan)
+    assert df.attrs["cross_sync_s"] == plan.cross_sync_s and set(df.pipeline) == set(range(len(plan.pipelines)))
+    groups = cross_pipeline_groups(plan)
+    assert sum(len(g.layers) for g in groups) == model.num_layers
+    assert all(len(g.members) == len(plan.pipelines) for g in groups)
+    script = megatron_script(plan, model=model, cluster=cluster)
+    assert "all-reduce group" in script and "loss" in script
+    assert "pipelines" in deepspeed_json(plan, cluster) and "NOT one torchtitan job" in torchtitan_toml(plan, cluster)
+
+
+def test_timeline_picture_draws_the_cross_pipeline_phase(tiny, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tangram_opt.show.plots import plot_islands, plot_timeline
+
+    cluster, model, training, space, *_ = tiny
+    plan = solve(cluster, model, training, space=space, time_limit_s=30,
+                 multi_pipeline=MultiPipelineOptions(max_pipelines=RMAX))
+    sim = simulate(plan, cluster, model, training)
+    fig = plot_timeline(sim, save_path=tmp_path / "t.png")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("all-reduce" in t for t in labels)
+    plot_islands(plan, cluster, save_path=tmp_path / "i.png")
+    assert (tmp_path / "t.png").stat().st_size > 0 and (tmp_path / "i.png").stat().st_size > 0
+
+
+def test_options_are_validated():
+    with pytest.raises(SpecError, match="max_pipelines"):
+        MultiPipelineOptions(max_pipelines=1)
+    with pytest.raises(SpecError, match="template_share"):
+        MultiPipelineOptions(template_share=1.5)
