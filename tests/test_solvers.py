@@ -137,3 +137,22 @@ def test_trajectory_is_monotone_and_ends_at_the_result():
     bounds = [p.bound for p in res.trajectory if p.bound is not None]
     assert incs == sorted(incs, reverse=True) and bounds == sorted(bounds)
     assert incs[-1] == res.objective
+
+
+def test_highs_solves_after_a_solve_with_another_thread_count():
+    # HiGHS keeps one thread pool per process; a solve asking for a different thread count used
+    # to fail with model status "Not Set" (every LP bound after a 2-thread MIP solve was lost)
+    from tangram_opt.solvers import lp_relaxation_bound
+
+    def model():
+        md = LinearModel()
+        xs = [md.add_var(f"x{i}", 0, 10, integer=True) for i in range(4)]
+        md.add(lsum(xs) >= 7.5, "cover")
+        md.minimize(lsum((i + 1) * x for i, x in enumerate(xs)))
+        return md
+
+    highs = get_backend("highs")
+    for threads in (2, 1, 2):
+        res = highs.solve(model(), SolveOptions(time_limit_s=5, threads=threads))
+        assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(8.0)
+        assert lp_relaxation_bound(model()) == pytest.approx(7.5)

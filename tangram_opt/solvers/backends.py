@@ -339,6 +339,10 @@ def _quiet_stdout():
         os.close(fd)
 
 
+#: thread count of HiGHS's process-wide scheduler (None before the first solve)
+_HIGHS_POOL_THREADS: int | None = None
+
+
 class HighsBackend(Backend):
     """HiGHS through ``highspy`` (its official Python API), with improving-solution and logging
     callbacks for the trajectory and the greedy plan passed as a starting solution."""
@@ -361,9 +365,13 @@ class HighsBackend(Backend):
         n = len(model.vars)
         with _quiet_stdout():
             h = highspy.Highs()
-        if options.threads > 1 and hasattr(highspy.Highs, "resetGlobalScheduler"):
-            # HiGHS sizes its thread pool once per process; reset it so a later solve may use more
+        threads = max(1, int(options.threads))
+        global _HIGHS_POOL_THREADS
+        if threads != _HIGHS_POOL_THREADS and hasattr(highspy.Highs, "resetGlobalScheduler"):
+            # HiGHS sizes one thread pool per process at its first solve and fails every later solve
+            # that asks for another thread count (model status "Not Set"): resize it on a change
             highspy.Highs.resetGlobalScheduler(True)
+        _HIGHS_POOL_THREADS = threads
         h.setOptionValue("output_flag", bool(options.log))
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = n, len(model.constraints)
@@ -393,7 +401,7 @@ class HighsBackend(Backend):
         h.passModel(lp)
         for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
                          ("mip_abs_gap", 0.5 if model.is_integral else 1e-9), ("random_seed", int(options.seed)),
-                         ("threads", max(1, int(options.threads)))):
+                         ("threads", threads)):
             h.setOptionValue(key, val)
         traj = _Trajectory(options)
         h.cbMipImprovingSolution.subscribe(lambda e: traj.record(
