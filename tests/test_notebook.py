@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import sys
 import time
@@ -111,9 +110,8 @@ def test_formulation_sizes_gives_valid_lp_bounds_and_the_solve_trace_matches_the
 
     training = to.TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")  # tiny-mixed-opt-350m
     model = to.load_model("opt-350m")
-    # the single-pipeline search alone (where solve() also has the multi-pipeline level)
-    extra = {"multi_pipeline": False} if "multi_pipeline" in inspect.signature(to.solve).parameters else {}
-    run = solve_traced("tiny-mixed", model, training, time_limit_s=20, backend="highs", **extra)
+    # the single-pipeline search alone (solve()'s multi-pipeline level is not in the trajectory)
+    run = solve_traced("tiny-mixed", model, training, time_limit_s=20, backend="highs", multi_pipeline=False)
     cert = run.plan.certificate
     assert cert.status == "optimal"
     assert run.plan.pipelines[0].num_stages >= 2  # the MIPs (and their LPs) cover pipelines of 2+ stages
@@ -126,7 +124,8 @@ def test_formulation_sizes_gives_valid_lp_bounds_and_the_solve_trace_matches_the
 
     b = run.plan.pipelines[0].pipeline_micro_batch
     sizes = formulation_sizes("tiny-mixed", model, training, pipeline_micro_batches=[b],
-                              variants=[{}, {"windows": False, "fluid_cuts": False, "mccormick_cuts": False},
+                              variants=[{}, {"windows": False, "fluid_cuts": False, "mccormick_cuts": False,
+                                             "knapsack": False},
                                         {"formulation": "positional"}])
     assert sizes["formulation"].tolist() == ["aggregated", "aggregated", "positional"]
     built = sizes[sizes["status"] == "built"]

@@ -20,7 +20,8 @@
 # 2. the gap at fixed time limits, per backend;
 # 3. the effect of the greedy warm start;
 # 4. exact Pareto pruning of candidates against heuristic pruning (`SearchSpace(heuristic_keep=k)`);
-# 5. formulation choices (aggregated vs positional, bottleneck windows, fluid cuts, McCormick cuts):
+# 5. formulation choices (aggregated vs positional, bottleneck windows, fluid cuts, the knapsack
+#    bound on the bottleneck, McCormick cuts):
 #    root LP bound, final gap, time;
 # 6. problem size (rows, columns, integers) against cluster size.
 #
@@ -66,7 +67,6 @@ else:
 SWEEP_MODEL, SWEEP_TRAINING = "gpt-neo-2.7b", dict(global_batch_size=256, seq_len=2048, precision="fp16")
 
 # %%
-import inspect
 import json
 import math
 import time
@@ -121,10 +121,10 @@ pd.DataFrame([{"scenario": c["name"], "GPUs": c["gpus"], "model": c["model"].nam
                "global batch": c["training"].global_batch_size, "seq": c["training"].seq_len} for c in CASES])
 
 # %%
-# The single-pipeline branch and bound is what this notebook studies. Where solve() also has the
-# multi-pipeline level (a second MIP after it, whose bound the certificate merges but whose progress
-# is not in the trajectory), it is switched off so every trajectory describes the whole solve.
-SOLVE_EXTRA = {"multi_pipeline": False} if "multi_pipeline" in inspect.signature(to.solve).parameters else {}
+# The single-pipeline branch and bound is what this notebook studies. solve()'s multi-pipeline level
+# (a second MIP after it, whose bound the certificate merges but whose progress is not in the
+# trajectory) is switched off so every trajectory describes the whole solve.
+SOLVE_EXTRA = {"multi_pipeline": False}
 _RUNS: dict[tuple, dict] = {}
 TRACES: dict[tuple, object] = {}
 
@@ -417,8 +417,8 @@ report("4. Pruning", "*Measured:*\n\n" + "\n".join(lines))
 # %% [markdown]
 # ## 5. Formulation choices
 #
-# Three switches of `solve`, each against the default (aggregated formulation, bottleneck
-# windows, fluid cuts):
+# Four switches of `solve`, each against the default (aggregated formulation, bottleneck
+# windows, fluid cuts, knapsack bound):
 #
 # - `formulation="positional"`: one binary per (position, candidate), the design sketch's model
 #   (formulations/pipeline_mip.md §4). The aggregated model removes the position symmetry by
@@ -427,7 +427,9 @@ report("4. Pruning", "*Measured:*\n\n" + "\n".join(lines))
 #   models alone takes longer than the fast limits), and its root LP is compared below;
 # - `windows=False`: no branching on the bottleneck time; each sub-problem is one MIP whose
 #   bottleneck is only bounded by big-M style rows, instead of tight `[lo, hi]` windows;
-# - `fluid_cuts=False`: drop the per-island fluid cuts `sum g T <= N_i * Smax`.
+# - `fluid_cuts=False`: drop the per-island fluid cuts `sum g T <= N_i * Smax`;
+# - `knapsack=False`: start each sub-problem's window at the fluid bound instead of the
+#   layer-covering knapsack bound on the bottleneck (indivisible blocks, the candidates' GPU counts).
 #
 # The *root bound* is the global bound once every sub-problem's root LP is solved (the search's
 # `"root bounds"` event); its *root gap* is measured against the best plan any run of this
@@ -435,7 +437,7 @@ report("4. Pruning", "*Measured:*\n\n" + "\n".join(lines))
 
 # %%
 VARIANTS = {"default": {}, "windows=False": {"windows": False}, "fluid_cuts=False": {"fluid_cuts": False},
-            "positional": {"formulation": "positional"}}
+            "knapsack=False": {"knapsack": False}, "positional": {"formulation": "positional"}}
 rows = []
 for case in CASES:
     for label, kw in VARIANTS.items():
@@ -476,7 +478,7 @@ plt.show()
 # %% [markdown]
 # The same comparison without solving, on the LP alone: `formulation_sizes` builds each
 # sub-problem's root model and solves its LP relaxation, with every combination of windows,
-# fluid cuts and the per-candidate McCormick cuts (not a `solve` option), for the pipeline
+# fluid cuts, the knapsack bound and the per-candidate McCormick cuts (not a `solve` option), for the pipeline
 # micro-batch size of the best plan. No incumbent is used as cutoff here, so these are the full
 # models (the search's are smaller: it drops stage types slower than the incumbent allows).
 
@@ -485,8 +487,8 @@ rows = []
 for case in CASES:
     b = int(study1[study1["scenario"] == case["name"]]["best_b"].mode().iloc[0])  # the most common best b
     stages = int(trace(run(case)).plan.pipelines[0].num_stages)
-    variants = [dict(windows=w, fluid_cuts=f, mccormick_cuts=mc) for w in (True, False) for f in (True, False)
-                for mc in (True, False)]
+    variants = [dict(windows=w, fluid_cuts=f, mccormick_cuts=mc, knapsack=k) for w in (True, False)
+                for f in (True, False) for mc in (True, False) for k in (True, False)]
     if case["gpus"] <= POSITIONAL_LP_MAX_GPUS:
         variants.append(dict(formulation="positional"))
     df = formulation_sizes(case["cluster"], case["model"], case["training"], pipeline_micro_batches=[b],
@@ -494,7 +496,8 @@ for case in CASES:
     rows.append(df.assign(scenario=case["name"], b=b, best_plan_stages=stages))
 lp_table = pd.concat(rows, ignore_index=True)
 lp_table["lp_gap_vs_best"] = 1 - lp_table["lp_bound_s"] / lp_table["scenario"].map(best_known)
-lp_table[["scenario", "b", "best_plan_stages", "formulation", "windows", "fluid_cuts", "mccormick_cuts", "rows", "columns", "integers",
+lp_table[["scenario", "b", "best_plan_stages", "formulation", "windows", "fluid_cuts", "mccormick_cuts", "knapsack",
+          "rows", "columns", "integers",
           "nonzeros", "lp_bound_s", "lp_gap_vs_best", "build_s", "lp_s"]]
 
 # %%
@@ -509,13 +512,14 @@ for name, df in study5.groupby("scenario", sort=False):
                      f" (largest model {r['rows_max']:.0f} rows vs {base['rows_max']:.0f})")
     lines.append(f"- **{name}**: " + "; ".join(parts) + ".")
 for name, df in lp_table.groupby("scenario", sort=False):
-    agg = df[df["formulation"] == "aggregated"].astype({"windows": bool, "fluid_cuts": bool, "mccormick_cuts": bool})
-    full = agg[agg["windows"] & agg["fluid_cuts"] & agg["mccormick_cuts"]].iloc[0]
-    bare = agg[~agg["windows"] & ~agg["fluid_cuts"] & ~agg["mccormick_cuts"]].iloc[0]
+    switches = ("windows", "fluid_cuts", "mccormick_cuts", "knapsack")
+    agg = df[df["formulation"] == "aggregated"].astype({c: bool for c in switches})
+    full = agg[agg[list(switches)].all(axis=1)].iloc[0]
+    bare = agg[~agg[list(switches)].any(axis=1)].iloc[0]
     effect = {}
-    for col in ("windows", "fluid_cuts", "mccormick_cuts"):
-        # LP-gap points closed by switching this option on, averaged over the settings of the other two
-        others = [c for c in ("windows", "fluid_cuts", "mccormick_cuts") if c != col]
+    for col in switches:
+        # LP-gap points closed by switching this option on, averaged over the settings of the others
+        others = [c for c in switches if c != col]
         on = agg[agg[col].astype(bool)].set_index(others)["lp_gap_vs_best"]
         off = agg[~agg[col].astype(bool)].set_index(others)["lp_gap_vs_best"]
         effect[col] = float((off - on).mean())
@@ -697,7 +701,7 @@ if not FAST:
         ("5. Formulation choices (solve)", study5[["scenario", "variant", "root_bound_s", "root_gap_vs_best", "gap",
                                                    TTG, "wall_s", "rows_max", "integers_max"]]),
         ("5b. LP relaxation only (formulation_sizes, pipeline micro-batch of the best plan, no cutoff)",
-         lp_table[["scenario", "b", "formulation", "windows", "fluid_cuts", "mccormick_cuts", "rows", "columns",
+         lp_table[["scenario", "b", "formulation", "windows", "fluid_cuts", "mccormick_cuts", "knapsack", "rows", "columns",
                    "integers", "lp_bound_s", "lp_gap_vs_best", "lp_s"]]),
         ("6. Model size against cluster size (formulation_sizes, no cutoff)",
          sweep[["formulation", "GPUs", "pipeline_micro_batch", "candidates", "stage_types", "rows", "columns",

@@ -33,6 +33,8 @@ from tangram_opt.planner.pipeline_model import pipeline_timing
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
 ROLES = ("first", "mid", "last")
+#: at most this many thresholds (besides hi) for the ``neighbours`` rows of a window
+NEIGHBOUR_THRESHOLDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +89,13 @@ def _type_of(c: Candidate, ci: int, role: str, layers: dict[str, int], m: int, t
 
 
 def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> dict[str, list[StageType]]:
-    """Every (candidate, layer count) that fits in its role, Pareto-pruned per (island, GPUs, layers).
+    """Every (candidate, layer count) that fits in its role, Pareto-pruned per (island, layers).
 
-    Pruning is exact for the aggregated model: a type is dropped only if another type of the same
-    island, size and layers is no slower, no worse in tail, and tolerates at least as many
-    micro-batches in flight.
+    Pruning is exact: a type is dropped only if another type of the same island and layers uses no
+    more GPUs, is no slower (forward and forward+backward; GPipe: forward and backward), no worse
+    in tail, and tolerates at least as many micro-batches in flight. Swapping it in keeps a plan
+    feasible and never lengthens its closed-form step: the sum of stage times drops by at least
+    as much as a smaller backward can expose of downstream tails (formulations/pipeline_mip.md §3).
     """
     m = problem.num_micro_batches
     gpipe = problem.schedule == "gpipe"
@@ -127,14 +131,16 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
         groups: dict[tuple, list[StageType]] = {}
         for t in out[role]:
             c = cands[t.candidate]
-            groups.setdefault((c.island, c.gpus, t.layers), []).append(t)
+            groups.setdefault((c.island, t.layers), []).append(t)
         kept = []
         for group in groups.values():
-            group.sort(key=lambda t: (t.time_s, t.tail_s, -t.tolerance, -t.bwd_s))
+            group.sort(key=lambda t: (t.time_s, cands[t.candidate].gpus, t.fwd_s, t.tail_s, -t.tolerance))
             front: list[StageType] = []
             for t in group:
-                if not any(f.time_s <= t.time_s and f.tail_s <= t.tail_s and f.tolerance >= t.tolerance
-                           and (not gpipe or (f.fwd_s <= t.fwd_s and f.bwd_s <= t.bwd_s)) for f in front):
+                g = cands[t.candidate].gpus
+                if not any(f.time_s <= t.time_s and f.fwd_s <= t.fwd_s and f.tail_s <= t.tail_s
+                           and f.tolerance >= t.tolerance and cands[f.candidate].gpus <= g
+                           and (not gpipe or f.bwd_s <= t.bwd_s) for f in front):
                     front.append(t)
             kept.extend(front)
         out[role] = kept
@@ -373,6 +379,40 @@ class AggregatedMIP:
                 relax = big * (1 - short)
             md.add(hi_t * (2 + n_mid) + 2 * Smax - 2 * hi_t + relax >= round_trip, "cycle_hi")
             md.add(lo_t * (2 + n_mid) + R * Smax - R * lo_t + relax >= round_trip, "cycle_lo")
+            # the same block without the first (or the last) stage: P - 1 stages, which matters when
+            # that end stage is much faster than the rest (a small first stage is common). Its time
+            # is taken out rounded up, and so is its link, at the slowest link leaving its island.
+            c_out = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
+            c_in = {i: ce(max(p.p2p_s[j, i] for j in islands)) for i in islands}
+            for end, group, tys, link in (("first", self.e, firsts, c_out), ("last", self.h, lasts, c_in)):
+                trimmed = round_trip - lsum((ce(tys[si].time_s) + 2 * link[isl_of(tys, si)]) * var
+                                            for si, var in group.items())
+                # Smax * (P - 1) with P - 1 = 1 + n_mid in [1, R - 1], McCormick over Smax in [lo, hi]
+                md.add(hi_t * (1 + n_mid) + Smax - hi_t + relax >= trimmed, f"cycle_{end}_hi")
+                md.add(lo_t * (1 + n_mid) + (R - 1) * Smax - (R - 1) * lo_t + relax >= trimmed, f"cycle_{end}_lo")
+        if not gpipe and m > 2 and math.isfinite(hi):
+            # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab. A stage on island
+            # i with T > hi - cmin_i (cmin_i: cheapest link touching i) is "big": no two big stages
+            # can be neighbours inside the window, so at most one more big stage than small ones
+            # More generally, with w = T + cmin_i, neighbours satisfy w_a + w_b <= 2 hi: every stage
+            # with w > theta (theta >= hi) has only neighbours with w <= 2 hi - theta, and between
+            # two consecutive heavy stages lies a light one, so #heavy - #light <= 1.
+            cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
+            weight: list[tuple[float, Var]] = []
+            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+                for si, var in group.items():
+                    weight.append((tys[si].time_s + cmin[isl_of(tys, si)], var))
+            heavy_w = sorted({w for w, _ in weight if w > hi * (1 + 1e-9)})
+            thetas = [hi] + heavy_w[:-1][::max(1, len(heavy_w) // NEIGHBOUR_THRESHOLDS)]
+            for q, theta in enumerate(thetas):
+                heavy = [var for w, var in weight if w > theta * (1 + 1e-9)]
+                light = [var for w, var in weight if w <= (2 * hi - theta) * (1 - 1e-9)]
+                if not heavy:
+                    continue
+                if q == 0:  # theta = hi: the light stages are all the others
+                    md.add(2 * lsum(heavy) <= 3 + n_mid, "neighbours[0]")
+                else:
+                    md.add(lsum(heavy) - lsum(light) <= 1, f"neighbours[{q}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
@@ -546,7 +586,8 @@ def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType]
         return True
 
     keys = (lambda t: -t.tolerance, lambda t: (t.tail_s - t.bwd_s, -t.tolerance))
-    orders: list[list[StageType]] = [sorted(mids, key=keys[0])]
+    orders: list[list[StageType]] = [sorted(mids, key=keys[0]), _tail_order(mids, m)] + [
+        _interleaved_order(problem, first, mids, last, prefer_heavy=h) for h in (True, False)]
     islands = sorted({cands[t.candidate].island for t in mids})
     if len(islands) <= 5:
         for perm in itertools.permutations(islands):
@@ -563,6 +604,64 @@ def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType]
             best, best_t = stages, t
     assert best is not None, "Hall's condition guarantees the memory order is feasible"
     return polish(problem, best)
+
+
+def _tail_order(mids: list[StageType], m: int) -> list[StageType]:
+    """Middle stages by increasing step tail, repaired for memory.
+
+    Without memory limits, increasing tail order minimizes the exposed tail
+    ``max_k (tail_k - upstream_k)`` (exchange argument: of two neighbours, the one with the smaller
+    tail goes first). Positions are filled from the
+    end: at each distance the stage whose tolerance forces it there goes first, otherwise the
+    largest remaining tail; this is feasible whenever Hall's condition holds.
+    """
+    left = sorted(mids, key=lambda t: (t.tail_s, t.tolerance))
+    placed: list[StageType] = []  # from the end
+    r = 1
+    while left:
+        need = min(r + 1, m)
+        forced = [t for t in left if t.tolerance <= need]
+        pick = max(forced, key=lambda t: t.tail_s) if forced else left[-1]
+        left.remove(pick)
+        placed.append(pick)
+        r += 1
+    return placed[::-1]
+
+
+def _interleaved_order(problem: PipelineProblem, first: StageType, mids: list[StageType], last: StageType,
+                       prefer_heavy: bool) -> list[StageType]:
+    """Middle stages ordered so that neighbours fit the period: the two-stage block
+    ``(T_a + T_b) / 2 + c_ab`` of each boundary stays within the slowest stage time if it can.
+
+    Built from the end (memory: a stage whose tolerance forces it to the current distance goes
+    there): next to the stage just placed, the heaviest (``prefer_heavy``) or the lightest remaining
+    stage whose block with it fits; if none fits, the lightest. Heavy stages end up separated by
+    light ones, which is what the ``neighbours`` rows of the model allow.
+    """
+    cands = problem.candidates
+    m = problem.num_micro_batches
+    target = max(t.time_s for t in [first, *mids, last])
+
+    def block(a: StageType, b: StageType) -> float:
+        return (a.time_s + b.time_s) / 2 + problem.p2p_s[cands[a.candidate].island, cands[b.candidate].island]
+
+    left = list(mids)
+    placed: list[StageType] = []  # from the end
+    nxt = last
+    r = 1
+    while left:
+        need = min(r + 1, m)
+        pool = [t for t in left if t.tolerance <= need] or left
+        fit = [t for t in pool if block(t, nxt) <= target * (1 + 1e-12)]
+        if fit:
+            pick = (max if prefer_heavy else min)(fit, key=lambda t: t.time_s)
+        else:
+            pick = min(pool, key=lambda t: block(t, nxt))
+        left.remove(pick)
+        placed.append(pick)
+        nxt = pick
+        r += 1
+    return placed[::-1]
 
 
 def _exact(problem: PipelineProblem, stages: Sequence[StageChoice]) -> float:
@@ -583,6 +682,36 @@ def _fits(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
         if c.memory_bytes(st.layers, inflight, first=k == 0, last=k == P - 1) > c.capacity_bytes:
             return False
     return True
+
+
+def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int = 3000) -> list[StageChoice]:
+    """Local search over the order of the middle stages: swap two of them while the exact step
+    time drops and memory still fits (first-improvement, at most ``max_evals`` evaluations).
+
+    The aggregated model prices the period as if fast and slow stages could be interleaved (its
+    ``neighbours`` rows); the fixed orders of :func:`best_order` do not interleave, this does.
+    """
+    cur = list(stages)
+    cur_t = _exact(problem, cur)
+    evals = 0
+    improved = True
+    while improved and evals < max_evals:
+        improved = False
+        for a in range(1, len(cur) - 2):
+            for b in range(a + 1, len(cur) - 1):
+                if cur[a].candidate == cur[b].candidate and cur[a].layers == cur[b].layers:
+                    continue
+                trial = list(cur)
+                trial[a], trial[b] = trial[b], trial[a]
+                if not _fits(problem, trial):
+                    continue
+                evals += 1
+                t = _exact(problem, trial)
+                if t < cur_t * (1 - 1e-12):
+                    cur, cur_t, improved = trial, t, True
+                if evals >= max_evals:
+                    return cur
+    return cur
 
 
 def polish(problem: PipelineProblem, stages: list[StageChoice], max_rounds: int = 200) -> list[StageChoice]:

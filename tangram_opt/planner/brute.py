@@ -41,6 +41,33 @@ def _layers_of(start: int, count: int, problem: PipelineProblem) -> dict[str, in
     return out
 
 
+def enumerate_plans(problem: PipelineProblem, *, max_stages: int | None = None,
+                    dense_on_first_stage: bool = True) -> Iterator[tuple[StageChoice, ...]]:
+    """Every pipeline of ``problem`` that fits memory and the GPU budgets (stages in order)."""
+    R = max_stages or problem.max_stages
+    cands = problem.candidates
+    m = problem.num_micro_batches
+    L = sum(problem.layers.values())
+    for P in range(1, min(R, L) + 1):
+        for split in _compositions(L, P):
+            if dense_on_first_stage and len(problem.kinds) == 2 and P > 1 and split[0] < problem.layers["dense"]:
+                continue
+            starts = [sum(split[:k]) for k in range(P)]
+            layer_sets = [_layers_of(starts[k], split[k], problem) for k in range(P)]
+            options = []
+            for k in range(P):
+                inflight = inflight_micro_batches(k, P, m, problem.schedule)
+                options.append([ci for ci, c in enumerate(cands) if c.memory_bytes(
+                    layer_sets[k], inflight, first=k == 0, last=k == P - 1) <= c.capacity_bytes])
+            for pick in itertools.product(*options):
+                used: dict[int, int] = {}
+                for ci in pick:
+                    used[cands[ci].island] = used.get(cands[ci].island, 0) + cands[ci].gpus
+                if any(g > problem.island_gpus[i] for i, g in used.items()):
+                    continue
+                yield tuple(StageChoice(candidate=ci, layers=layer_sets[k]) for k, ci in enumerate(pick))
+
+
 def brute_force(ctx: PlanningContext, *, max_stages: int | None = None,
                 dense_on_first_stage: bool = True) -> BruteForceResult | None:
     """Best plan by exhaustive search (None if nothing fits).
@@ -53,34 +80,14 @@ def brute_force(ctx: PlanningContext, *, max_stages: int | None = None,
     count = 0
     for b in ctx.pipeline_micro_batches():
         problem = ctx.problem(b, max_stages=R)
-        cands = problem.candidates
-        m = problem.num_micro_batches
-        L = sum(problem.layers.values())
-        for P in range(1, min(R, L) + 1):
-            for split in _compositions(L, P):
-                if dense_on_first_stage and len(problem.kinds) == 2 and P > 1 and split[0] < problem.layers["dense"]:
-                    continue
-                starts = [sum(split[:k]) for k in range(P)]
-                layer_sets = [_layers_of(starts[k], split[k], problem) for k in range(P)]
-                options = []
-                for k in range(P):
-                    inflight = inflight_micro_batches(k, P, m, problem.schedule)
-                    options.append([ci for ci, c in enumerate(cands) if c.memory_bytes(
-                        layer_sets[k], inflight, first=k == 0, last=k == P - 1) <= c.capacity_bytes])
-                for pick in itertools.product(*options):
-                    used: dict[int, int] = {}
-                    for ci in pick:
-                        used[cands[ci].island] = used.get(cands[ci].island, 0) + cands[ci].gpus
-                    if any(g > problem.island_gpus[i] for i, g in used.items()):
-                        continue
-                    choices = tuple(StageChoice(candidate=ci, layers=layer_sets[k]) for k, ci in enumerate(pick))
-                    t = choices_timing(problem, list(choices)).step_time_s
-                    count += 1
-                    if best is None or t < best[0] - 1e-15:
-                        best = (t, b, choices)
+        for choices in enumerate_plans(problem, dense_on_first_stage=dense_on_first_stage):
+            t = choices_timing(problem, list(choices)).step_time_s
+            count += 1
+            if best is None or t < best[0] - 1e-15:
+                best = (t, b, choices)
     if best is None:
         return None
     return BruteForceResult(step_time_s=best[0], pipeline_micro_batch=best[1], choices=best[2], plans_evaluated=count)
 
 
-__all__ = ["BruteForceResult", "brute_force"]
+__all__ = ["BruteForceResult", "brute_force", "enumerate_plans"]

@@ -22,7 +22,8 @@ from typing import Any
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.cost import Calibration
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
-from tangram_opt.planner.aggregated import AggregatedMIP, StageType, enumerate_types
+from tangram_opt.planner.aggregated import AggregatedMIP, StageType, enumerate_types, polish, reorder
+from tangram_opt.planner.bottleneck import knapsack_bottleneck_s
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
 from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
@@ -155,7 +156,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           calibration: Calibration | None = None, provider: CandidateProvider | None = None,
           moe_load_imbalance: float | Callable[[int, int], float] = 1.0, expert_loads: Any = None,
           formulation: str = "aggregated", windows: bool = True,
-          fluid_cuts: bool = True, on_progress: Callable[[SearchEvent], None] | None = None,
+          fluid_cuts: bool = True, knapsack: bool = True,
+          on_progress: Callable[[SearchEvent], None] | None = None,
           multi_pipeline: bool | Any = True) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
@@ -169,8 +171,9 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     EP degree (``tangram_opt.experts.ImbalanceModel``; the plan's ``expert_placement`` reports them);
     ``moe_load_imbalance`` sets that ratio directly (a number, or a function of ``(ep, gpus_per_node)``).
 
-    ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time) and
-    ``fluid_cuts`` switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb.
+    ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time),
+    ``fluid_cuts`` and ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py)
+    switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb.
 
     ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
     the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
@@ -197,6 +200,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     single_limit_s = time_limit_s * (MULTI_PIPELINE_SINGLE_SHARE if multi_pipeline else 1.0)
     search = _BranchAndBound(ctx, backend=backend, time_limit_s=single_limit_s, threads=threads, seed=seed,
                              rel_gap=rel_gap, formulation=formulation, windows=windows, fluid_cuts=fluid_cuts,
+                             knapsack=knapsack,
                              warm_start=warm_start, on_progress=on_progress, t0=t0)
     plan = search.run()
     if not multi_pipeline:
@@ -225,10 +229,12 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
 class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
+                 knapsack: bool = True,
                  on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
+        self.knapsack = knapsack
         self.windows = windows and formulation == "aggregated" and ctx.space.schedule == "1f1b"
         self.warm_start, self.on_progress, self.t0 = warm_start, on_progress, t0
         self.events: list[SearchEvent] = []
@@ -362,7 +368,8 @@ class _BranchAndBound:
                                 provider=AnalyticalCandidates(ctx.model, ctx.cost, small_space))  # type: ignore[arg-type]
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
-                                windows=self.windows, fluid_cuts=self.fluid_cuts, warm_start=False,
+                                windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
+                                warm_start=False,
                                 on_progress=None, t0=time.perf_counter())
         try:
             inner.run()
@@ -424,10 +431,22 @@ class _BranchAndBound:
         m = sub.problem.num_micro_batches
         lo = fluid_bottleneck_s(sub.problem) if self.windows else 0.0
         hi = self.inc_s / m if (self.windows and math.isfinite(self.inc_s)) else math.inf
-        if self.windows and not math.isfinite(hi):  # no incumbent yet: the slowest stage type caps Tmax
-            sub.types = enumerate_types(sub.problem, None)
+        if self.formulation == "aggregated":
+            sub.types = enumerate_types(sub.problem, self.inc_s if math.isfinite(self.inc_s) else None)
             sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
-            hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)
+            if self.knapsack and sub.problem.schedule == "1f1b":
+                # blocks are indivisible and stages come in the candidates' sizes: the covering
+                # knapsack bounds the bottleneck of every pipeline of >= 2 stages (bottleneck.py)
+                knap = knapsack_bottleneck_s(sub.problem, sub.types)
+                sub.info["knapsack_bottleneck_s"] = knap
+                if not math.isfinite(knap) or knap > hi * (1 + 1e-12):
+                    sub.status = "no multi-stage plan better than incumbent" if math.isfinite(self.inc_s) \
+                        else "infeasible"
+                    self.closed_bounds.setdefault(sub.b, []).append(self.inc_s)
+                    return
+                lo = max(lo, knap)
+        if self.windows and not math.isfinite(hi):  # no incumbent yet: the slowest stage type caps Tmax
+            hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)  # type: ignore[union-attr]
             hi = max(hi, max(sub.problem.p2p_s.values()), lo)
         node = self.evaluate(sub, lo, hi)
         if node is None:
@@ -492,6 +511,9 @@ class _BranchAndBound:
                 if best is None or t < best[0]:
                     best = (t, ch)
             assert best is not None
+            if isinstance(mip, AggregatedMIP) and len(best[1]) > 3:
+                better = polish(sub.problem, reorder(sub.problem, best[1]))
+                best = min(best, (choices_timing(sub.problem, better).step_time_s, better), key=lambda q: q[0])
             self.offer(sub.b, best[1], best[0])
             if isinstance(mip, AggregatedMIP) and res.objective is not None and \
                     best[0] > res.objective * tick * (1 + 1e-3):

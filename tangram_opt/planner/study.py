@@ -28,6 +28,7 @@ import pandas as pd
 
 from tangram_opt.errors import NoSolutionError, SpecError
 from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.bottleneck import knapsack_bottleneck_s
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import FormulationOptions, PositionalMIP
 from tangram_opt.planner.plan import Plan
@@ -186,12 +187,13 @@ def subproblem_frame(plan: Plan) -> pd.DataFrame:
 
 # --- model sizes without solving -------------------------------------------------------------
 #: the modelling options of :func:`formulation_sizes` (defaults: the planner's)
-SIZE_OPTIONS = ("formulation", "windows", "fluid_cuts", "mccormick_cuts", "cutoff_s", "lp_bound")
+SIZE_OPTIONS = ("formulation", "windows", "fluid_cuts", "mccormick_cuts", "knapsack", "cutoff_s", "lp_bound")
 
 
 def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None, *,
                       space: SearchSpace | None = None, formulation: str = "aggregated", windows: bool = True,
-                      fluid_cuts: bool = True, mccormick_cuts: bool = True, cutoff_s: float | None = None,
+                      fluid_cuts: bool = True, mccormick_cuts: bool = True, knapsack: bool = True,
+                      cutoff_s: float | None = None,
                       lp_bound: bool = True, lp_time_limit_s: float = 60.0,
                       pipeline_micro_batches: Iterable[int] | None = None,
                       variants: Iterable[Mapping[str, Any]] | None = None) -> pd.DataFrame:
@@ -207,6 +209,8 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
       ``[fluid bound, cutoff / m]``, or up to the slowest stage type without a cutoff. False: the
       window ``[0, inf)`` of ``solve(windows=False)``. The positional formulation has no windows
       (its rows report ``windows=None``).
+    - ``knapsack`` (aggregated, 1F1B): raise the window's lower end to the layer-covering knapsack
+      bound on the bottleneck (planner/bottleneck.py), as ``solve(knapsack=True)`` does.
     - ``cutoff_s`` (the step time of a known plan) drops columns that cannot beat it, as the
       search does with its incumbent; None builds the full model.
     - ``mccormick_cuts`` (aggregated only; None in positional rows) is not a ``solve`` option: it
@@ -215,7 +219,7 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
       defaults) compared on one candidate table, which is built only once.
     """
     base = {"formulation": formulation, "windows": windows, "fluid_cuts": fluid_cuts,
-            "mccormick_cuts": mccormick_cuts, "cutoff_s": cutoff_s, "lp_bound": lp_bound}
+            "mccormick_cuts": mccormick_cuts, "knapsack": knapsack, "cutoff_s": cutoff_s, "lp_bound": lp_bound}
     configs = []
     for v in (variants if variants is not None else [{}]):
         unknown = set(v) - set(SIZE_OPTIONS)
@@ -242,7 +246,7 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
                                    "candidates": len(prob.candidates), "candidates_s": cands_s,
                                    "quick_bound_s": quick, "stage_types": math.nan}
             if cfg["formulation"] == "positional":  # options it does not have are reported as None
-                row.update(windows=None, mccormick_cuts=None)
+                row.update(windows=None, mccormick_cuts=None, knapsack=None)
             if not prob.candidates or ctx.max_stages < 2:
                 row["status"] = "no candidate" if not prob.candidates else "one stage only"
             else:
@@ -277,6 +281,12 @@ def _root_model_row(prob: Any, schedule: str, cfg: Mapping[str, Any], quick_s: f
             else:
                 hi = max((t.time_s for ts in types.values() for t in ts), default=lo)
                 hi = max(hi, max(prob.p2p_s.values()), lo)
+        if cfg["knapsack"] and schedule == "1f1b":
+            lo = max(lo, knapsack_bottleneck_s(prob, types))
+            if not math.isfinite(lo) or lo > hi:
+                row.update(window_lo_s=lo, window_hi_s=hi, build_s=time.perf_counter() - t1,
+                           status="no multi-stage plan (knapsack bound above the window)")
+                return row
         row.update(window_lo_s=lo, window_hi_s=hi)
         agg = AggregatedMIP(prob, opts, all_types=types, lower_tmax_s=lo, upper_tmax_s=hi)
         agg.build()

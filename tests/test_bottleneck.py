@@ -1,0 +1,73 @@
+"""The layer-covering knapsack bound on the bottleneck stage time (planner/bottleneck.py)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tangram_opt.planner.aggregated import enumerate_types
+from tangram_opt.planner.assemble import choices_timing
+from tangram_opt.planner.bottleneck import LayerKnapsack, knapsack_bottleneck_s
+from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.search import fluid_bottleneck_s
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+
+GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
+MODELS = ["llama-3-8b", "mixtral-8x7b", "deepseek-v2-lite", "opt-350m"]
+
+
+def _slowest_stage_s(problem, choices) -> float:
+    return max(st.fwd_s + st.bwd_s for st in choices_timing(problem, list(choices)).stages)
+
+
+@st.composite
+def instances(draw):
+    n_groups = draw(st.integers(1, 3))
+    gpus = draw(st.lists(st.sampled_from(GPUS), min_size=n_groups, max_size=n_groups, unique=True))
+    groups = [dict(name=f"g{i}", gpu=g, nodes=1, gpus_per_node=draw(st.sampled_from([1, 2, 4])), nic_gbps=100)
+              for i, g in enumerate(gpus)]
+    model = load_model(draw(st.sampled_from(MODELS))).with_layers(draw(st.integers(2, 4)))
+    training = TrainingSpec(global_batch_size=draw(st.sampled_from([4, 8])), seq_len=1024,
+                            precision="fp16" if "V100-32" in gpus else "bf16")
+    space = SearchSpace(max_stages=3, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2))
+    return PlanningContext(make_cluster("random", groups), model, training, space=space)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_bound_is_below_the_slowest_stage_of_every_multi_stage_plan(ctx):
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if not problem.candidates:
+            continue
+        bound = knapsack_bottleneck_s(problem, enumerate_types(problem))
+        slowest = [_slowest_stage_s(problem, ch) for ch in enumerate_plans(problem) if len(ch) >= 2]
+        if not slowest:
+            continue
+        assert bound <= min(slowest) * (1 + 1e-9), f"b={b}: the bound cuts off a real pipeline"
+
+
+def test_bound_beats_the_fluid_bound_on_a_mixed_cluster():
+    # 64 H100 + 64 A100-80 with Llama-3-70B: 80 indivisible blocks over stages of 1-64 GPUs
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=8, gpus_per_node=8, nic_gbps=3200),
+                                     dict(name="a100", gpu="A100-80", nodes=8, gpus_per_node=8, nic_gbps=1600)])
+    ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=256, seq_len=4096))
+    problem = ctx.problem(8)
+    types = enumerate_types(problem)
+    knap = knapsack_bottleneck_s(problem, types)
+    assert math.isfinite(knap)
+    assert knap > fluid_bottleneck_s(problem) * 1.01
+    sack = LayerKnapsack(problem, types)
+    assert sack.feasible(knap) and not sack.feasible(knap * (1 - 1e-6))
+
+
+def test_no_multi_stage_plan_gives_an_infinite_bound():
+    # one GPU: no pipeline of two stages exists
+    cluster = make_cluster("one", [dict(name="a", gpu="H100-SXM", nodes=1, gpus_per_node=1, nic_gbps=100)])
+    ctx = PlanningContext(cluster, load_model("opt-350m").with_layers(2), TrainingSpec(global_batch_size=4, seq_len=512))
+    problem = ctx.problem(1)
+    assert knapsack_bottleneck_s(problem, enumerate_types(problem)) == math.inf
