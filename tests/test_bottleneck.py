@@ -71,3 +71,28 @@ def test_no_multi_stage_plan_gives_an_infinite_bound():
     ctx = PlanningContext(cluster, load_model("opt-350m").with_layers(2), TrainingSpec(global_batch_size=4, seq_len=512))
     problem = ctx.problem(1)
     assert knapsack_bottleneck_s(problem, enumerate_types(problem)) == math.inf
+
+
+def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=4, gpus_per_node=8, nic_gbps=3200),
+                                     dict(name="a100", gpu="A100-80", nodes=4, gpus_per_node=8, nic_gbps=1600)])
+    ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
+    problem = ctx.problem(8)
+    sack = LayerKnapsack(problem, enumerate_types(problem))
+    knap = sack.bottleneck_bound_s()
+    for cap in (knap, knap * 1.05):
+        for min_tol in (0, 8):
+            cover = sack.cover(cap, min_tol)
+            if cover is None:
+                assert min_tol > 0  # at the bound itself a cover exists without a tolerance floor
+                continue
+            first, mids, last = cover
+            stages = [first, *mids, last]
+            assert sum(t.num_layers for t in stages) == problem.total_layers
+            assert all(t.time_s <= cap * (1 + 1e-9) and t.num_layers >= 1 for t in stages)
+            used: dict[int, int] = {}
+            for t in stages:
+                c = problem.candidates[t.candidate]
+                used[c.island] = used.get(c.island, 0) + c.gpus
+            assert all(g <= problem.island_gpus[i] for i, g in used.items())
+            assert all(t.tolerance >= min_tol for t in stages)

@@ -74,6 +74,17 @@ def _tolerance(c: Candidate, layers: dict[str, int], *, first: bool, last: bool,
     return lo
 
 
+def stage_type(problem: PipelineProblem, ci: int, role: str, layers: dict[str, int]) -> StageType | None:
+    """Candidate ``ci`` holding ``layers`` in ``role``, priced as :func:`enumerate_types` does (None
+    if it does not fit even with the fewest micro-batches in flight its role can have)."""
+    m = problem.num_micro_batches
+    gpipe = problem.schedule == "gpipe"
+    q = m if gpipe else (1 if role == "last" else min(2, m))
+    c = problem.candidates[ci]
+    tol = _tolerance(c, layers, first=role == "first", last=role == "last", q_min=q, m=m)
+    return None if tol < q else _type_of(c, ci, role, layers, m, tol)
+
+
 def _type_of(c: Candidate, ci: int, role: str, layers: dict[str, int], m: int, tolerance: int) -> StageType:
     first, last = role == "first", role == "last"
     fwd = sum(n * c.layer[k].fwd_time_s for k, n in layers.items() if n)
@@ -564,10 +575,20 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
 
 
 def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType], last: StageType) -> list[StageChoice]:
-    """Order the middle stages and polish the layer split on the exact objective.
+    """:func:`try_order` for a solution of the aggregated model, which always has a feasible order."""
+    out = try_order(problem, first, mids, last)
+    assert out is not None, "Hall's condition guarantees the memory order is feasible"
+    return out
+
+
+def try_order(problem: PipelineProblem, first: StageType, mids: list[StageType],
+              last: StageType) -> list[StageChoice] | None:
+    """Order the middle stages and polish the layer split on the exact objective (None if no
+    order tried fits memory, the first stage's position included).
 
     Orders tried: island blocks in every island order (within a block, most memory-tolerant first,
-    or largest step tail last), and the pure memory order (always feasible by Hall's condition).
+    or largest step tail last), the pure memory order (always feasible by Hall's condition),
+    increasing tail (repaired for memory) and two orders interleaving small and large stages.
     The best memory-feasible order is then improved by moving single layers between neighbouring
     stages while the exact step time drops (memory re-checked at every move).
     """
@@ -602,7 +623,8 @@ def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType]
         t = _exact(problem, stages)
         if t < best_t:
             best, best_t = stages, t
-    assert best is not None, "Hall's condition guarantees the memory order is feasible"
+    if best is None or (not gpipe and first.tolerance < min(P, m)):
+        return None
     return polish(problem, best)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tangram_opt.planner.aggregated import ROLES, StageType
+from tangram_opt.planner.aggregated import ROLES, StageType, stage_type
 from tangram_opt.planner.formulation import PipelineProblem
 
 _INF = np.iinfo(np.int64).max // 4
@@ -41,69 +41,91 @@ class LayerKnapsack:
         self.main = problem.kinds[-1]
         self.L = problem.layers[self.main]
         cands = problem.candidates
-        # per (island, role): arrays of time, main-kind layers, GPUs
-        self._rows: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per (island, role): the types, and arrays of their time, main-kind blocks and GPUs
+        self._types: dict[tuple[int, str], list[StageType]] = {}
+        self._rows: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for role in ROLES:
-            per: dict[int, list[tuple[float, int, int]]] = {}
             for t in types.get(role, ()):
-                c = cands[t.candidate]
-                per.setdefault(c.island, []).append((t.time_s, min(self.L, t.layer_dict.get(self.main, 0)), c.gpus))
-            for i, rows in per.items():
-                arr = np.array(rows, dtype=float)
-                self._rows[i, role] = (arr[:, 0], arr[:, 1].astype(np.int64), arr[:, 2].astype(np.int64))
+                self._types.setdefault((cands[t.candidate].island, role), []).append(t)
+        for key, tys in self._types.items():
+            self._rows[key] = (np.array([t.time_s for t in tys]),
+                               np.array([min(self.L, t.layer_dict.get(self.main, 0)) for t in tys], dtype=np.int64),
+                               np.array([cands[t.candidate].gpus for t in tys], dtype=np.int64),
+                               np.array([t.tolerance for t in tys], dtype=np.int64))
         self.times = np.unique(np.concatenate([r[0] for r in self._rows.values()])) if self._rows else np.empty(0)
 
-    def _fewest_gpus(self, i: int, role: str, lam: float) -> np.ndarray:
-        """g[l] = fewest GPUs of one stage of ``role`` on island i holding >= l blocks within ``lam``."""
+    def _fewest_gpus(self, i: int, role: str, lam: float, min_tol: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """g[l] = fewest GPUs of one stage of ``role`` on island i holding >= l blocks within ``lam``
+        (and tolerating >= ``min_tol`` micro-batches in flight), arg[l] the index of that type."""
         g = np.full(self.L + 1, _INF, dtype=np.int64)
+        arg = np.full(self.L + 1, -1, dtype=np.int64)
         rows = self._rows.get((i, role))
         if rows is not None:
-            t, lay, gp = rows
-            ok = t <= lam * (1 + 1e-12)
-            np.minimum.at(g, lay[ok], gp[ok])
-        return np.minimum.accumulate(g[::-1])[::-1]  # >= l blocks: suffix minimum
+            t, lay, gp, tol = rows
+            for k in np.nonzero((t <= lam * (1 + 1e-12)) & (tol >= min_tol))[0]:
+                if gp[k] < g[lay[k]]:
+                    g[lay[k]], arg[lay[k]] = gp[k], k
+        for ell in range(self.L - 1, -1, -1):  # >= l blocks: suffix minimum
+            if g[ell + 1] < g[ell]:
+                g[ell], arg[ell] = g[ell + 1], arg[ell + 1]
+        return g, arg
 
-    def _island_reach(self, i: int, lam: float) -> dict[tuple[bool, bool], int]:
-        """Most blocks island i can hold within ``lam``, per (has the first stage, has the last)."""
-        L, N = self.L, self.problem.island_gpus[i]
-        mid = self._fewest_gpus(i, "mid", lam)
+    def _tables(self, i: int, lam: float, min_tol: int = 0
+                ) -> dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray, str | None]]:
+        """Per (has the first stage, has the last): fewest GPUs holding >= ell blocks on island i,
+        the block count of the stage added last at ell (for backtracking) and that stage's role."""
+        L = self.L
+        mid, _ = self._fewest_gpus(i, "mid", lam, min_tol)
         M = np.full(L + 1, _INF, dtype=np.int64)
         M[0] = 0
+        M_pick = np.zeros(L + 1, dtype=np.int64)
         for ell in range(1, L + 1):  # unbounded covering knapsack over the block count
-            M[ell] = min(_INF, np.min(M[ell - 1::-1] + mid[1:ell + 1]))
+            vals = M[ell - 1::-1] + mid[1:ell + 1]  # vals[l - 1]: a last middle stage holding >= l
+            k = ell - 1 - int(np.argmin(vals[::-1]))  # ties: the largest stage (fewer stages)
+            M[ell], M_pick[ell] = min(_INF, int(vals[k])), k + 1
         idx = np.arange(L + 1)
-        diff = idx[:, None] - idx[None, :]  # diff[ell, l] = ell - l
+        prev = np.clip(idx[:, None] - idx[None, :], 0, None)  # prev[ell, l] = max(0, ell - l)
 
-        def with_one(base: np.ndarray, single: np.ndarray) -> np.ndarray:
-            # min over l of base[max(0, ell - l)] + single[l]  (one stage holding >= l blocks)
-            return np.minimum(np.min(base[np.clip(diff, 0, None)] + single[None, :], axis=1), _INF)
+        def with_one(base: np.ndarray, single: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            # min over l of base[max(0, ell - l)] + single[l]  (one more stage holding >= l blocks)
+            vals = base[prev] + single[None, :]
+            pick = L - np.argmin(vals[:, ::-1], axis=1)  # ties: the largest stage
+            return np.minimum(vals[idx, pick], _INF), pick
 
-        F = with_one(M, self._fewest_gpus(i, "first", lam))
-        H = with_one(M, self._fewest_gpus(i, "last", lam))
-        FH = with_one(F, self._fewest_gpus(i, "last", lam))
+        first, _ = self._fewest_gpus(i, "first", lam, min_tol)
+        last, _ = self._fewest_gpus(i, "last", lam, min_tol)
+        F, F_pick = with_one(M, first)
+        H, H_pick = with_one(M, last)
+        FH, FH_pick = with_one(F, last)
+        return {(False, False): (M, M_pick, None), (True, False): (F, F_pick, "first"),
+                (False, True): (H, H_pick, "last"), (True, True): (FH, FH_pick, "last")}
 
-        def reach(arr: np.ndarray) -> int:
-            ok = np.nonzero(arr <= N)[0]
-            return int(ok[-1]) if len(ok) else -1  # -1: this role combination does not fit at all
+    @staticmethod
+    def _reach(arr: np.ndarray, gpus: int) -> int:
+        ok = np.nonzero(arr <= gpus)[0]
+        return int(ok[-1]) if len(ok) else -1  # -1: this role combination does not fit at all
 
-        return {(False, False): reach(M), (True, False): reach(F), (False, True): reach(H), (True, True): reach(FH)}
+    def _best_placement(self, lam: float, min_tol: int = 0
+                        ) -> tuple[dict[int, tuple[bool, bool]], dict[int, int], dict] | None:
+        """Islands of the first and last stage that let stages within ``lam`` hold the most blocks,
+        with each island's reach; None if no placement holds all ``L``."""
+        islands = sorted(self.problem.island_gpus)
+        tables = {i: self._tables(i, lam, min_tol) for i in islands}
+        best = None
+        for fi in islands:
+            for la in islands:
+                roles = {i: (i == fi, i == la) for i in islands}
+                reach = {i: self._reach(tables[i][roles[i]][0], self.problem.island_gpus[i]) for i in islands}
+                if min(reach.values()) < 0:
+                    continue
+                total = sum(reach.values())
+                if total >= self.L and (best is None or total > best[0]):
+                    best = (total, roles, reach)
+        return None if best is None else (best[1], best[2], tables)
 
     def feasible(self, lam: float) -> bool:
         """Can stages no slower than ``lam`` hold every block (first and last stage included)?"""
-        islands = sorted(self.problem.island_gpus)
-        reach = {i: self._island_reach(i, lam) for i in islands}
-        for fi in islands:
-            for la in islands:
-                total = 0
-                for i in islands:
-                    r = reach[i][i == fi, i == la]
-                    if r < 0:
-                        break
-                    total += r
-                else:
-                    if total >= self.L:
-                        return True
-        return False
+        return self._best_placement(lam) is not None
 
     def bottleneck_bound_s(self) -> float:
         """Smallest stage-time cap that passes :meth:`feasible` (inf when none does)."""
@@ -118,6 +140,74 @@ class LayerKnapsack:
             else:
                 lo = mid + 1
         return float(times[lo])
+
+    def cover(self, lam: float, min_tol: int = 0) -> tuple[StageType, list[StageType], StageType] | None:
+        """A multiset of stages no slower than ``lam`` holding every block (first, middles, last),
+        or None; a primal heuristic. Each island holds a share of the blocks proportional to its
+        reach; stages come from the knapsack's backtracking (types tolerating >= ``min_tol``
+        micro-batches in flight: with ``min_tol`` >= the stage count every order fits memory) and
+        are then trimmed to exactly ``L`` blocks (a stage's candidate with fewer blocks is no
+        slower). Memory order is not checked here."""
+        placed = self._best_placement(lam, min_tol)
+        if placed is None:
+            return None
+        roles, reach, tables = placed
+        total = sum(reach.values())
+        share = {i: reach[i] * self.L // total if total else 0 for i in reach}
+        for i in sorted(reach, key=lambda i: reach[i] - share[i], reverse=True):  # hand out what rounding left
+            if sum(share.values()) >= self.L:
+                break
+            share[i] += min(reach[i] - share[i], self.L - sum(share.values()))
+        first = last = None
+        mids: list[StageType] = []
+        for i, ell in share.items():
+            key = roles[i]
+            while True:
+                arr, pick, role = tables[i][key]
+                if role is None:  # middle stages only
+                    if ell <= 0:
+                        break
+                    l = int(pick[ell])
+                    mids.append(self._stage(i, "mid", l, lam, min_tol))
+                    ell -= l
+                    continue
+                l = int(pick[ell])
+                st = self._stage(i, role, l, lam, min_tol)
+                if role == "first":
+                    first = st
+                else:
+                    last = st
+                ell = max(0, ell - l)
+                key = (key[0], False) if role == "last" else (False, False)
+        assert first is not None and last is not None
+        return self._trim(first, mids, last)
+
+    def _stage(self, i: int, role: str, blocks: int, lam: float, min_tol: int) -> StageType:
+        _, arg = self._fewest_gpus(i, role, lam, min_tol)
+        return self._types[i, role][int(arg[blocks])]
+
+    def _trim(self, first: StageType, mids: list[StageType],
+              last: StageType) -> tuple[StageType, list[StageType], StageType] | None:
+        """Take blocks off the slowest stages until exactly ``L`` remain (each keeps >= 1)."""
+        stages = [first, *mids, last]
+        roles = ["first"] + ["mid"] * len(mids) + ["last"]
+        main = self.main
+        excess = sum(t.layer_dict.get(main, 0) for t in stages) - self.L
+        while excess > 0:
+            floor = [0 if (r == "first" and sum(t.layer_dict.values()) - t.layer_dict.get(main, 0) > 0) else 1
+                     for t, r in zip(stages, roles)]
+            k = max((k for k, t in enumerate(stages) if t.layer_dict.get(main, 0) > floor[k]),
+                    key=lambda k: stages[k].time_s, default=None)
+            if k is None:
+                return None
+            layers = stages[k].layer_dict
+            layers[main] -= 1
+            t = stage_type(self.problem, stages[k].candidate, roles[k], layers)
+            if t is None:
+                return None
+            stages[k] = t
+            excess -= 1
+        return stages[0], stages[1:-1], stages[-1]
 
 
 def knapsack_bottleneck_s(problem: PipelineProblem, types: Mapping[str, Sequence[StageType]]) -> float:
