@@ -33,6 +33,8 @@ from tangram_opt.solvers import SolveOptions, SolveStatus, get_backend
 METHODS = ("mip", "greedy")
 DEFAULT_PLACEMENT_BACKEND = "highs"
 DEFAULT_REL_GAP = 1e-3
+#: share of time_limit_s kept back from the MIP backend for building its model and polishing its answer
+POST_SOLVE_MARGIN = 0.1
 
 
 def _objective(p: PlacementProblem, served: Sequence[dict[int, float]], alpha: float, beta: float) -> float:
@@ -127,11 +129,11 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     if best is not None and heuristics and inc - bound_obj <= rel_gap * inc:
         status, note = "optimal", "incumbent meets the combinatorial bound; no MIP needed"
     else:
-        remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
+        # the solver gets what is left of the limit, less a margin for building the model and
+        # polishing its answer, so that the whole call stays within time_limit_s
+        remaining = max(0.5, (1 - POST_SOLVE_MARGIN) * time_limit_s - (time.perf_counter() - t0))
         be = get_backend(backend)
-        # HiGHS fixes its thread pool at the first solve in a process (later 'threads' values fail the run)
-        th = 1 if be.name == "highs" else threads
-        opts = SolveOptions(time_limit_s=remaining, threads=th, seed=seed, rel_gap=rel_gap)
+        opts = SolveOptions(time_limit_s=remaining, threads=threads, seed=seed, rel_gap=rel_gap)
         out = build_and_solve(p, backend=be.name, options=opts, incumbent_objective=inc,
                               lower_bound=lb.value, hint_holders=[list(d) for d in best] if best else None,
                               hint_served=best, cross_node_weight=alpha, move_weight=beta)

@@ -47,7 +47,8 @@ from tangram_opt.planner.formulation import PipelineProblem, StageChoice
 from tangram_opt.planner.islands import Island, find_islands
 from tangram_opt.planner.pipeline_model import PipelineTiming, inflight_micro_batches, schedule_makespan
 from tangram_opt.planner.plan import Certificate, PipelinePlan, Plan, StagePlan
-from tangram_opt.solvers import LinearModel, SolveOptions, SolveStatus, lsum, relative_gap, solve_model
+from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, lp_relaxation_bound, lsum, relative_gap,
+                                 solve_model)
 from tangram_opt.specs.cluster import Cluster
 
 #: Piece keys of the all-reduce: transformer blocks are 0 .. L-1, the embedding and the LM head
@@ -611,27 +612,7 @@ def _tick_for(reference_s: float) -> float:
     return 10.0 ** math.floor(math.log10(max(reference_s, 1e-9) / LEVEL2_TICKS))
 
 
-def _lp_bound(md: LinearModel, time_limit_s: float, threads: int) -> float | None:
-    """LP relaxation optimum (HiGHS), None if not solved; +inf if infeasible.
-
-    Same as :func:`tangram_opt.solvers.lp_relaxation_bound`, but with the run's thread count: highspy
-    keeps one thread pool per process, and an LP asking for 1 thread after a 2-thread solve fails with
-    status "Not Set" (measured with highspy 1.16), which would silently drop the bound.
-    """
-    from tangram_opt.solvers.backends import HighsBackend
-
-    b = HighsBackend()
-    if not b.available():
-        return None
-    res = b.solve(md, SolveOptions(time_limit_s=time_limit_s, threads=threads, use_hint=False), relax=True)
-    if res.status == SolveStatus.INFEASIBLE:
-        return math.inf
-    if res.status != SolveStatus.OPTIMAL or res.objective is None:
-        return None
-    return res.objective
-
-
-def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template], threads: int = 1) -> float:
+def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> float:
     """Most sequences per second any set of replicas can sustain (LP over fractional replica counts).
 
     A replica of t with m micro-batches needs ``CF'(m) >= m * min_period`` seconds, so it runs at
@@ -644,7 +625,7 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template], thread
         if terms:
             md.add(lsum(terms) <= isl.num_gpus, f"gpus[{isl.index}]")
     md.minimize(lsum(-(t.b / max(t.min_period_s, 1e-12)) * v for t, v in zip(templates, x)))
-    lp = _lp_bound(md, 10.0, threads)
+    lp = lp_relaxation_bound(md, 10.0)
     if lp is not None and math.isfinite(lp):
         return -lp * (1 + 1e-7)
     # no LP solver: every GPU at the best per-GPU rate of any template touching its island
@@ -785,7 +766,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: _P
                             templates=len(templates), solve_time_s=time.perf_counter() - t0,
                             info={"warm_start_s": warm[0], "note": "no pair can beat the warm start"})
     used_t = sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index)
-    thr = fluid_throughput(ctx, used_t, threads)
+    thr = fluid_throughput(ctx, used_t)
     fluid_s = B / thr if thr > 0 else 0.0
     reference = min(cut, max(cf for _, _, cf in pairs))
     tick = _tick_for(reference)
@@ -854,7 +835,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: _P
         md.add(R * x >= 2 * (R - 1) * rho + R * lat[R] + R * zl(R) - big * (1 - yv), f"sync[{R}]")
     md.minimize(tp + x + o)
     # the LP relaxation (HiGHS) bounds the MIP optimum; as a row it also helps CP-SAT prune
-    lp = _lp_bound(md, max(2.0, min(10.0, 0.3 * time_limit_s)), threads)
+    lp = lp_relaxation_bound(md, max(2.0, min(10.0, 0.3 * time_limit_s)))
     if lp is not None and math.isinf(lp) and lp > 0:
         return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
     lp_ticks = math.ceil(lp - 1e-6 * max(1.0, abs(lp))) if lp is not None and math.isfinite(lp) else None

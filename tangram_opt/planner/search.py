@@ -403,7 +403,10 @@ class _BranchAndBound:
         memory and neighbours (``try_order``), polish and score them exactly. Balanced by
         construction, these plans are often better than what the window MIPs find in their time.
         """
-        deadline = time.perf_counter() + max(KNAPSACK_PLAN_MIN_S, KNAPSACK_PLAN_SHARE * self.time_limit_s)
+        budget = min(self.remaining(), max(KNAPSACK_PLAN_MIN_S, KNAPSACK_PLAN_SHARE * self.time_limit_s))
+        if budget <= 0:
+            return
+        deadline = time.perf_counter() + budget
         times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * KNAPSACK_PLAN_SPAN))]
         caps = times[::max(1, len(times) // KNAPSACK_PLAN_CAPS)]
         seen: set[tuple] = set()
