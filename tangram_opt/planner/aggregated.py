@@ -402,12 +402,11 @@ class AggregatedMIP:
                 md.add(hi_t * (1 + n_mid) + Smax - hi_t + relax >= trimmed, f"cycle_{end}_hi")
                 md.add(lo_t * (1 + n_mid) + (R - 1) * Smax - (R - 1) * lo_t + relax >= trimmed, f"cycle_{end}_lo")
         if not gpipe and m > 2 and math.isfinite(hi):
-            # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab. A stage on island
-            # i with T > hi - cmin_i (cmin_i: cheapest link touching i) is "big": no two big stages
-            # can be neighbours inside the window, so at most one more big stage than small ones
-            # More generally, with w = T + cmin_i, neighbours satisfy w_a + w_b <= 2 hi: every stage
-            # with w > theta (theta >= hi) has only neighbours with w <= 2 hi - theta, and between
-            # two consecutive heavy stages lies a light one, so #heavy - #light <= 1.
+            # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab >= (w_a + w_b) / 2
+            # with w = T + cmin_i (cmin_i: the cheapest link touching the stage's island). Inside
+            # the window (lambda <= hi) a stage with w > theta >= hi only has neighbours with
+            # w <= 2 hi - theta, and between two consecutive such heavy stages lies a light one:
+            # #heavy - #light <= 1. For theta = hi the light stages are all the others.
             cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
             weight: list[tuple[float, Var]] = []
             for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
@@ -633,9 +632,9 @@ def _tail_order(mids: list[StageType], m: int) -> list[StageType]:
 
     Without memory limits, increasing tail order minimizes the exposed tail
     ``max_k (tail_k - upstream_k)`` (exchange argument: of two neighbours, the one with the smaller
-    tail goes first). Positions are filled from the
-    end: at each distance the stage whose tolerance forces it there goes first, otherwise the
-    largest remaining tail; this is feasible whenever Hall's condition holds.
+    tail goes first). Positions are filled from the end: at each distance the stage whose
+    tolerance forces it there goes first, otherwise the largest remaining tail; this is feasible
+    whenever Hall's condition holds.
     """
     left = sorted(mids, key=lambda t: (t.tail_s, t.tolerance))
     placed: list[StageType] = []  # from the end
@@ -706,12 +705,12 @@ def _fits(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
     return True
 
 
-def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int = 3000) -> list[StageChoice]:
+def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int = 800) -> list[StageChoice]:
     """Local search over the order of the middle stages: swap two of them while the exact step
     time drops and memory still fits (first-improvement, at most ``max_evals`` evaluations).
 
-    The aggregated model prices the period as if fast and slow stages could be interleaved (its
-    ``neighbours`` rows); the fixed orders of :func:`best_order` do not interleave, this does.
+    It complements the constructed orders of :func:`try_order` on a window's best solution, where
+    blocks, links and tails interact in ways no single construction rule covers.
     """
     cur = list(stages)
     cur_t = _exact(problem, cur)

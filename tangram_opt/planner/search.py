@@ -23,8 +23,8 @@ from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.cost import Calibration
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.aggregated import AggregatedMIP, StageType, enumerate_types, polish, reorder, try_order
-from tangram_opt.planner.bottleneck import LayerKnapsack
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
+from tangram_opt.planner.bottleneck import LayerKnapsack
 from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
