@@ -402,27 +402,35 @@ class AggregatedMIP:
                 md.add(hi_t * (1 + n_mid) + Smax - hi_t + relax >= trimmed, f"cycle_{end}_hi")
                 md.add(lo_t * (1 + n_mid) + (R - 1) * Smax - (R - 1) * lo_t + relax >= trimmed, f"cycle_{end}_lo")
         if not gpipe and m > 2 and math.isfinite(hi):
-            # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab >= (w_a + w_b) / 2
-            # with w = T + cmin_i (cmin_i: the cheapest link touching the stage's island). Inside
-            # the window (lambda <= hi) a stage with w > theta >= hi only has neighbours with
-            # w <= 2 hi - theta, and between two consecutive such heavy stages lies a light one:
-            # #heavy - #light <= 1. For theta = hi the light stages are all the others.
+            # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab. Inside the window
+            # (lambda <= hi) they are compatible only if T_a + T_b + 2 c_ab <= 2 hi. A set H of
+            # pairwise incompatible stages has every neighbour in L(H), the stages compatible with
+            # some member of H; counting the edges between them (an end of the path has one
+            # neighbour, any other stage two): 2 n_H + e_H + h_H <= 2 n_L + e_L + h_L. The sets H
+            # are {w > theta} with w = T + cmin_i (cmin_i: the cheapest link touching the stage's
+            # island) and theta >= hi, which makes them pairwise incompatible since c_ab >= cmin.
             cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
-            weight: list[tuple[float, Var]] = []
+            cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+            entries: list[tuple[float, float, int, int, Var]] = []  # (w, T, island, ends, var)
             for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+                ends = 0 if group is self.n else 1
                 for si, var in group.items():
-                    weight.append((tys[si].time_s + cmin[isl_of(tys, si)], var))
-            heavy_w = sorted({w for w, _ in weight if w > hi * (1 + 1e-9)})
+                    i = isl_of(tys, si)
+                    entries.append((tys[si].time_s + cmin[i], tys[si].time_s, i, ends, var))
+            heavy_w = sorted({w for w, *_ in entries if w > hi * (1 + 1e-9)})
             thetas = [hi] + heavy_w[:-1][::max(1, len(heavy_w) // NEIGHBOUR_THRESHOLDS)]
+            slack = 2 * hi * 1e-9
             for q, theta in enumerate(thetas):
-                heavy = [var for w, var in weight if w > theta * (1 + 1e-9)]
-                light = [var for w, var in weight if w <= (2 * hi - theta) * (1 - 1e-9)]
+                heavy = [e_ for e_ in entries if e_[0] > theta * (1 + 1e-9)]
                 if not heavy:
                     continue
-                if q == 0:  # theta = hi: the light stages are all the others
-                    md.add(2 * lsum(heavy) <= 3 + n_mid, "neighbours[0]")
-                else:
-                    md.add(lsum(heavy) - lsum(light) <= 1, f"neighbours[{q}]")
+                t_min = {}  # fastest heavy stage per island: compatibility with H is compatibility with it
+                for _, t, i, _, _ in heavy:
+                    t_min[i] = min(t, t_min.get(i, math.inf))
+                light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and any(
+                    tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack for i, tm in t_min.items())]
+                md.add(lsum((2 - ends) * var for _, _, _, ends, var in heavy)
+                       <= lsum((2 - ends) * var for _, _, _, ends, var in light), f"neighbours[{q}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has

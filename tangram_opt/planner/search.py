@@ -153,6 +153,14 @@ def _tick_for(reference_s: float) -> float:
     return 10.0 ** math.floor(math.log10(max(reference_s, 1e-9) / 1e8))
 
 
+def rounding_ticks(num_micro_batches: int) -> int:
+    """Ticks by which a model's optimum may exceed the real-valued closed form: time coefficients
+    round in the bound's favour, but the integer period ``Smax`` rounds up by less than one tick,
+    which ``m - 1`` multiplies (plus one tick each for the integer Y and Cm). Every bound read from a
+    model is lowered by this much (about 1e-6 of the objective at the ~1e8-tick scale)."""
+    return num_micro_batches + 2
+
+
 FORMULATIONS = ("aggregated", "positional")
 #: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
 MULTI_PIPELINE_SINGLE_SHARE = 0.7
@@ -457,8 +465,9 @@ class _BranchAndBound:
         cutoff = self.inc_s / mip.options.tick_s if math.isfinite(self.inc_s) else None
         lp = lp_relaxation_bound(mip.model, time_limit_s=max(1.0, self.time_limit_s / 10), cutoff=cutoff)
         sub.info["lp_solves"] += 1
+        slack = rounding_ticks(sub.problem.num_micro_batches) * mip.options.tick_s
         bound = sub.lower_bound_s if lp is None else max(sub.lower_bound_s if lo <= 0 else 0.0,
-                                                          lp * mip.options.tick_s)
+                                                          lp * mip.options.tick_s - slack)
         if lp is not None and math.isinf(lp):
             return None
         return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip)
@@ -564,7 +573,8 @@ class _BranchAndBound:
                     best[0] > res.objective * tick * (1 + 1e-3):
                 self.explore_alternatives(node, mip, res.values, budget)
         if res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
-            b = max(node.bound_s, res.bound * tick if res.bound is not None else node.bound_s)
+            slack = rounding_ticks(sub.problem.num_micro_batches) * tick
+            b = max(node.bound_s, res.bound * tick - slack if res.bound is not None else node.bound_s)
             if res.status == SolveStatus.OPTIMAL or self.pruned(b):
                 self.close(node, min(b, self.inc_s))
             else:
@@ -671,4 +681,4 @@ def _load_training(training: TrainingSpec | dict | None) -> TrainingSpec:
     return training_from_dict(training)
 
 
-__all__ = ["solve", "SearchEvent", "quick_lower_bound", "FORMULATIONS"]
+__all__ = ["solve", "SearchEvent", "quick_lower_bound", "rounding_ticks", "FORMULATIONS"]

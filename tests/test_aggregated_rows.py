@@ -1,0 +1,101 @@
+"""Every row of the aggregated model is valid: a real plan, encoded as a point of the model of the
+bottleneck window that contains it, satisfies every row, and the objective there is no above the
+plan's exact step time (formulations/pipeline_mip.md, "Why the optimum is a valid lower bound").
+
+This checks the rows one plan at a time, so an invalid cut fails here even when the search would
+still happen to find the optimum through another window."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.assemble import choices_timing
+from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulation import FormulationOptions
+from tangram_opt.planner.search import _tick_for, rounding_ticks
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+
+GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
+MODELS = ["llama-3-8b", "mixtral-8x7b", "opt-350m"]
+
+
+@st.composite
+def instances(draw):
+    n_groups = draw(st.integers(1, 3))
+    gpus = draw(st.lists(st.sampled_from(GPUS), min_size=n_groups, max_size=n_groups, unique=True))
+    # different NICs make the links between islands differ, which the neighbour rows price
+    groups = [dict(name=f"g{i}", gpu=g, nodes=draw(st.integers(1, 2)), gpus_per_node=draw(st.sampled_from([1, 2])),
+                   nic_gbps=draw(st.sampled_from([25, 100, 400])))
+              for i, g in enumerate(gpus)]
+    model = load_model(draw(st.sampled_from(MODELS))).with_layers(draw(st.integers(3, 4)))
+    training = TrainingSpec(global_batch_size=draw(st.sampled_from([8, 16])), seq_len=1024,
+                            precision="fp16" if "V100-32" in gpus else "bf16")
+    space = SearchSpace(max_stages=3, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(1, 2))
+    return PlanningContext(make_cluster("random", groups), model, training, space=space)
+
+
+def _types_of(mip: AggregatedMIP, plan) -> bool:
+    """True when every stage of ``plan`` is one of the model's stage types (not Pareto-pruned)."""
+    roles = ["first"] + ["mid"] * (len(plan) - 2) + ["last"]
+    for role, st_ in zip(roles, plan):
+        layers = tuple(sorted({k: st_.layers.get(k, 0) for k in mip.problem.kinds}.items()))
+        if not any(t.candidate == st_.candidate and t.layers == layers for t in mip.types[role]):
+            return False
+    return True
+
+
+def _check_every_plan(ctx: PlanningContext) -> int:
+    """Encode every multi-stage plan of ``ctx`` in its window's model; returns how many were checked."""
+    checked = 0
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if not problem.candidates or problem.num_micro_batches <= 2:
+            continue
+        types = enumerate_types(problem)
+        for plan in enumerate_plans(problem):
+            if len(plan) < 2:
+                continue
+            timing = choices_timing(problem, list(plan))
+            lam = timing.bottleneck_s
+            # the window just around the plan's period, as the search's leaves see it
+            mip = AggregatedMIP(problem, FormulationOptions(tick_s=_tick_for(timing.step_time_s)), all_types=types,
+                                lower_tmax_s=lam * 0.99, upper_tmax_s=lam * 1.01).build()
+            if mip.empty or not _types_of(mip, plan):
+                continue
+            hint = mip.hint_from(list(plan))
+            assert hint is not None
+            x = [0.0] * len(mip.model.vars)
+            for var, val in hint.items():
+                x[var.index] = val
+            violated = mip.model.check(x, tol=1e-6)
+            assert not violated, f"b={b}: a real plan of {len(plan)} stages violates {violated[:3]}"
+            objective = (mip.model.objective.const + sum(c * x[i] for i, c in mip.model.objective.coefs.items()))
+            # integer ticks: Smax rounds up to a whole tick, which (m - 1) multiplies (search.py
+            # takes ROUNDING_TICKS(m) off every bound it reads from a model for this)
+            slack = rounding_ticks(problem.num_micro_batches) * mip.options.tick_s
+            assert objective * mip.options.tick_s <= timing.step_time_s + slack, \
+                f"b={b}: the model prices a real plan above its exact step time"
+            checked += 1
+    return checked
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_every_plan_is_a_point_of_its_window_model_with_no_larger_objective(ctx):
+    _check_every_plan(ctx)
+
+
+def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
+    # fast H100 nodes beside slow-NIC L4 nodes: cross-island boundaries cost more than inner ones
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(1, 2))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    assert _check_every_plan(ctx) >= 20
