@@ -444,24 +444,6 @@ class AggregatedMIP:
         U = self.aux["U"] = md.add_var("U", 0, big_t, integer=True)  # upper bound on any upstream time
         md.add(U == first_bwd + mid_bwd + sent_ub, "upstream")
         md.add(Y >= lsum(fl(lasts[si].tail_s) * var for si, var in self.h.items()) - U, "tail_last")
-        # the most upstream middle stage of island i has every other middle stage of island i
-        # downstream of it: Y >= min_{s used on i} tail'_s + (their backward + sends) - U
-        for i in islands:
-            ids = [si for si in self.o if isl_of(mids, si) == i]
-            if not ids:
-                continue
-            # U counts the stage's own backward (rounded up) and its own send (>= out_min): take
-            # them out, and the other middle stages of island i (downstream of it) with them
-            net = {si: fl(mids[si].tail_s) + ce(mids[si].bwd_s) - fl(mids[si].bwd_s) for si in ids}
-            big = max(net.values())
-            if big <= 0:
-                continue
-            mt = self.aux[f"mt[{i}]"] = md.add_var(f"mt[{i}]", 0, big, integer=True)
-            for si in ids:
-                md.add(mt <= net[si] + big * (1 - self.o[si]), f"mt_min[{i},{si}]")
-            md.add(mt <= big * lsum(self.o[si] for si in ids), f"mt_used[{i}]")
-            down = lsum((fl(mids[si].bwd_s) + out_min[i]) * self.n[si] for si in ids)
-            md.add(Y >= mt + down - U, f"tail_island[{i}]")
         for si, ov in self.o.items():
             t = mids[si]
             if fl(t.tail_s) > 0:
@@ -543,7 +525,7 @@ def total_T_expr(mip: AggregatedMIP, fl) -> LinExpr:  # type: ignore[no-untyped-
 
 def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var]) -> dict[Var, float]:
     """Fill auxiliary variables from the structural ones: equality-defined ones (Cm, U) from their
-    row, min-type ones (mt[i]) at the largest value their rows allow, max-type ones (Tmax, Smax,
+    row, min-type ones (tmin[i]) at the largest value their rows allow, max-type ones (Tmax, Smax,
     Y, ...) at the smallest. Two passes settle the dependencies between them."""
     x_of = {v.index: val for v, val in vals.items()}
 
@@ -554,7 +536,7 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
                 rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
                 yield con, a, rest
 
-    order = [k for k in ("Cm", "U") if k in aux] + sorted(k for k in aux if k.startswith(("mt[", "tmin["))) + [
+    order = [k for k in ("Cm", "U") if k in aux] + sorted(k for k in aux if k.startswith("tmin[")) + [
         k for k in ("Tmax", "Fmax", "Bmax", "Smax", "Y") if k in aux]
     for _ in range(2):
         for name in order:
@@ -562,7 +544,7 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
             if name in ("Cm", "U"):
                 con, a, rest = next((c, a, r) for c, a, r in rows_of(var) if c.lb == c.ub)
                 val = (con.lb - rest) / a
-            elif name.startswith(("mt[", "tmin[")):
+            elif name.startswith("tmin["):
                 val = var.ub
                 for con, a, rest in rows_of(var):
                     if a > 0 and not math.isinf(con.ub):
