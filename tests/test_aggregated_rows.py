@@ -99,3 +99,36 @@ def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
     ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
                           seq_len=1024), space=space)
     assert _check_every_plan(ctx) >= 20
+
+
+def test_support_class_best_is_the_exhaustive_best_of_its_class():
+    # the search cuts a class off a window once support_class_best has its exact best: that value
+    # must be the minimum over every plan of the class (same first/last type, same middle types)
+    from tangram_opt.planner.aggregated import support_class_best
+
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=enumerate_types(problem)).build()
+    best_of: dict[tuple, float] = {}
+    hints: dict[tuple, list[float]] = {}
+    for plan in enumerate_plans(problem):
+        if len(plan) < 2 or not _types_of(mip, plan):
+            continue
+        hint = mip.hint_from(list(plan))
+        x = [0.0] * len(mip.model.vars)
+        for var, val in hint.items():
+            x[var.index] = val
+        key = tuple(v.index for group in (mip.e, mip.h, mip.o) for v in group.values() if x[v.index] > 0.5)
+        t = choices_timing(problem, list(plan)).step_time_s
+        best_of[key] = min(t, best_of.get(key, float("inf")))
+        hints.setdefault(key, x)
+    assert len(best_of) >= 10
+    for key, x in hints.items():
+        got = support_class_best(problem, mip, x)
+        assert got is not None
+        assert abs(got[0] - best_of[key]) <= 1e-12 * best_of[key], key

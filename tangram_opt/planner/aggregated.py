@@ -467,6 +467,13 @@ class AggregatedMIP:
         first, mids, last = self.stage_multiset(values)
         return best_order(self.problem, first, mids, last)
 
+    def cut_support(self, values: Sequence[float]) -> None:
+        """Cut off the support class of a solution (same first and last type, same set of middle
+        types): sum_{s not used} o[s] + sum_{s used} (1 - o[s]) + (1 - e[first]) + (1 - h[last]) >= 1."""
+        on = [v for group in (self.e, self.h, self.o) for v in group.values() if values[v.index] > 0.5]
+        off = [v for group in (self.e, self.h, self.o) for v in group.values() if values[v.index] <= 0.5]
+        self.model.add(lsum(off) - lsum(on) >= 1 - len(on), f"support_cut{len(self.model.constraints)}")
+
     def hint_from(self, stages: Sequence[StageChoice]) -> dict[Var, float] | None:
         """Encode a pipeline (pipeline order) as variable values, if it is in the aggregated space."""
         if len(stages) < 2:
@@ -755,3 +762,81 @@ def polish(problem: PipelineProblem, stages: list[StageChoice], max_rounds: int 
         if not improved:
             break
     return cur
+
+
+def support_class_best(problem: PipelineProblem, mip: AggregatedMIP, values: Sequence[float],
+                       max_orders: int = 5000) -> tuple[float, list[StageChoice] | None] | None:
+    """Exact best plan of the *support class* of a solution: the same first and last stage types
+    and the same set of middle types, in any counts and any order (GPU budgets, stage limits and
+    memory at every position checked exactly; the bottleneck window is not imposed, so the value
+    is a lower bound over the class inside any window).
+
+    Returns (step time, plan) — (inf, None) when no plan of the class fits — or None when the class
+    has more than ``max_orders`` orders to evaluate. The search cuts off a class whose best is
+    known (:meth:`AggregatedMIP.cut_support`), so the model's next optimum bounds the rest.
+    """
+    cands = problem.candidates
+    first, _, last = mip.stage_multiset(values)
+    support = [si for si, v in mip.n.items() if values[v.index] > 0.5]
+    mids = [mip.types["mid"][si] for si in support]
+    need = {k: problem.layers[k] - first.layer_dict.get(k, 0) - last.layer_dict.get(k, 0) for k in problem.kinds}
+    used_gpus: dict[int, int] = {}
+    for t in (first, last):
+        c = cands[t.candidate]
+        used_gpus[c.island] = used_gpus.get(c.island, 0) + c.gpus
+    R = problem.max_stages
+    counts: list[list[int]] = []
+
+    def fill(k: int, left: dict[str, int], gpus: dict[int, int], stages: int, cur: list[int]) -> None:
+        if k == len(mids):
+            if all(v == 0 for v in left.values()) and 2 + stages >= problem.min_stages:
+                counts.append(list(cur))
+            return
+        t = mids[k]
+        c = cands[t.candidate]
+        n = 1
+        while True:
+            rest = {kd: left[kd] - n * t.layer_dict.get(kd, 0) for kd in left}
+            g = gpus.get(c.island, 0) + n * c.gpus
+            if min(rest.values()) < 0 or g > problem.island_gpus[c.island] or 2 + stages + n > R:
+                break
+            fill(k + 1, rest, {**gpus, c.island: g}, stages + n, cur + [n])
+            n += 1
+
+    fill(0, need, used_gpus, 0, [])
+    best: tuple[float, list[StageChoice] | None] = (math.inf, None)
+    evaluated = 0
+    for cnt in counts:
+        pool = [t for t, n in zip(mids, cnt) for _ in range(n)]
+        for order in _distinct_orders(pool):
+            evaluated += 1
+            if evaluated > max_orders:
+                return None
+            stages = [StageChoice(candidate=t.candidate, layers=t.layer_dict) for t in [first, *order, last]]
+            if not _fits(problem, stages):
+                continue
+            t_exact = _exact(problem, stages)
+            if t_exact < best[0]:
+                best = (t_exact, stages)
+    return best
+
+
+def _distinct_orders(pool: list[StageType]):  # type: ignore[no-untyped-def]
+    """Every distinct order of a multiset of stage types (copies of one type are interchangeable)."""
+    keys = sorted({id(t): t for t in pool}.values(), key=lambda t: (t.candidate, t.layers))
+    left = [sum(1 for p in pool if p is t) for t in keys]
+    cur: list[StageType] = []
+
+    def rec():  # type: ignore[no-untyped-def]
+        if len(cur) == len(pool):
+            yield list(cur)
+            return
+        for i, t in enumerate(keys):
+            if left[i]:
+                left[i] -= 1
+                cur.append(t)
+                yield from rec()
+                cur.pop()
+                left[i] += 1
+
+    yield from rec()

@@ -12,6 +12,7 @@ solved node, so the reported gap is valid for the whole plan space.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -22,7 +23,8 @@ from typing import Any
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.cost import Calibration
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
-from tangram_opt.planner.aggregated import AggregatedMIP, StageType, enumerate_types, polish, reorder, try_order
+from tangram_opt.planner.aggregated import (AggregatedMIP, StageType, enumerate_types, polish, reorder,
+                                           support_class_best, try_order)
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
 from tangram_opt.planner.bottleneck import LayerKnapsack
 from tangram_opt.planner.candidates import CandidateProvider
@@ -47,6 +49,10 @@ RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
 #: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
 NOGOOD_ROUNDS = 3
+#: rounds of support-class cuts per window solve (``_BranchAndBound.refine``), and the most orders
+#: one class may have for its exact best to be enumerated
+REFINE_ROUNDS = 50
+REFINE_MAX_ORDERS = 5000
 #: the knapsack primal heuristic (``_BranchAndBound.knapsack_plans``): caps in [bound, SPAN x bound],
 #: at most CAPS of them, each with these minimum memory tolerances, for at most
 #: max(MIN_S, SHARE x time_limit_s) seconds per pipeline micro-batch size
@@ -98,6 +104,8 @@ class _Node:
     hi_s: float = field(compare=False)
     mip: AggregatedMIP | PositionalMIP | None = field(default=None, compare=False)
     tries: int = field(default=0, compare=False)
+    #: lower bound of the support classes cut off this window's model (their exact best plans)
+    excluded_s: float = field(default=math.inf, compare=False)
 
 
 def fluid_bottleneck_s(problem: PipelineProblem) -> float:
@@ -551,12 +559,12 @@ class _BranchAndBound:
         sub.solve_time_s += res.solve_time_s
         self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
                                    None if q.bound is None else q.bound * tick) for q in res.trajectory])
-        if res.status == SolveStatus.INFEASIBLE:
-            self.close(node, self.inc_s)  # nothing in this window beats the cutoff
-        elif res.status == SolveStatus.ERROR:
+        if res.status == SolveStatus.ERROR:
             self.close(node, node.bound_s)
             sub.info["last_status"] = f"error: {res.message}"
-        elif res.values is not None:
+            self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+            return
+        if res.values is not None:
             # the aggregated model relaxes p2p and tail terms: evaluate every reported solution exactly
             best: tuple[float, list[StageChoice]] | None = None
             for vals in [res.values] + [v for _, v in sorted(res.pool, key=lambda q: q[0])[:25]]:
@@ -569,12 +577,23 @@ class _BranchAndBound:
                 better = polish(sub.problem, reorder(sub.problem, best[1]))
                 best = min(best, (choices_timing(sub.problem, better).step_time_s, better), key=lambda q: q[0])
             self.offer(sub.b, best[1], best[0])
-            if isinstance(mip, AggregatedMIP) and res.objective is not None and \
+            if isinstance(mip, AggregatedMIP) and res.objective is not None and res.status == SolveStatus.OPTIMAL \
+                    and not self.pruned(res.objective * tick):
+                # the model's optimum is below the incumbent but (often) no real plan is: cut off
+                # its support class once the class's exact best is known, and re-solve
+                res = self.refine(node, mip, res, budget)
+            elif isinstance(mip, AggregatedMIP) and res.objective is not None and \
                     best[0] > res.objective * tick * (1 + 1e-3):
                 self.explore_alternatives(node, mip, res.values, budget)
-        if res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
+        if res.status == SolveStatus.INFEASIBLE:
+            # nothing left in this window beats the cutoff but the support classes cut off it
+            self.close(node, min(node.excluded_s, self.inc_s))
+        elif res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
             slack = rounding_ticks(sub.problem.num_micro_batches) * tick
-            b = max(node.bound_s, res.bound * tick - slack if res.bound is not None else node.bound_s)
+            model_b = res.bound * tick - slack if res.bound is not None else -math.inf
+            # both the window's first LP bound and min(classes cut off, the cut model's bound)
+            # hold for the whole window
+            b = max(node.bound_s, min(model_b, node.excluded_s))
             if res.status == SolveStatus.OPTIMAL or self.pruned(b):
                 self.close(node, min(b, self.inc_s))
             else:
@@ -582,6 +601,47 @@ class _BranchAndBound:
                 node.bound_s, node.tries = b, node.tries + 1
                 heapq.heappush(self.open, node)
         self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+
+    def refine(self, node: _Node, mip: AggregatedMIP, res: Any, budget: float) -> Any:
+        """Tighten a window whose model optimum lies below the incumbent.
+
+        The aggregated model relaxes the order of the stages, so its optimum may price a multiset
+        below every real plan made of it. Each round takes the optimum's *support class* (its
+        first and last type and its set of middle types, any counts and orders), finds the class's
+        exact best plan by enumeration (aggregated.support_class_best; offered as an incumbent),
+        records it in ``node.excluded_s`` and cuts the class off the window's model; the re-solved
+        model bounds everything else. The window's bound is min(excluded_s, the model's bound),
+        valid for the whole window. Stops when the model's optimum reaches the incumbent, the
+        window is exhausted (INFEASIBLE), a class is too large to enumerate, or the time is up;
+        returns the last solve's result."""
+        sub = self.subs[node.b]
+        tick = mip.options.tick_s
+        deadline = time.perf_counter() + min(budget, self.remaining())
+        for _ in range(REFINE_ROUNDS):
+            best = support_class_best(sub.problem, mip, res.values, max_orders=REFINE_MAX_ORDERS)
+            if best is None:
+                sub.info["refine_too_large"] = sub.info.get("refine_too_large", 0) + 1
+                return res
+            if best[1] is not None:
+                self.offer(sub.b, best[1], best[0])
+            node.excluded_s = min(node.excluded_s, best[0])
+            mip.cut_support(res.values)
+            sub.info["support_cuts"] = sub.info.get("support_cuts", 0) + 1
+            left = deadline - time.perf_counter()
+            if left < 0.2:
+                return dataclasses.replace(res, status=SolveStatus.FEASIBLE)
+            mip.model.hint = {}
+            nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
+                                                                    seed=self.seed, rel_gap=self.rel_gap))
+            sub.info["mip_solves"] += 1
+            sub.solve_time_s += nxt.solve_time_s
+            if nxt.values is not None:
+                ch = mip.decode(nxt.values)
+                self.offer(sub.b, ch, choices_timing(sub.problem, ch).step_time_s)
+            if nxt.status != SolveStatus.OPTIMAL or nxt.objective is None or self.pruned(nxt.objective * tick):
+                return nxt
+            res = nxt
+        return dataclasses.replace(res, status=SolveStatus.FEASIBLE)
 
     def explore_alternatives(self, node: _Node, mip: AggregatedMIP, values: list[float], budget: float) -> None:
         """Primal search when the relaxation flattered the MIP's answer (its exact step time is
