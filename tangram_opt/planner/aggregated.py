@@ -788,6 +788,8 @@ def support_class_best(problem: PipelineProblem, mip: AggregatedMIP, values: Seq
     counts: list[list[int]] = []
 
     def fill(k: int, left: dict[str, int], gpus: dict[int, int], stages: int, cur: list[int]) -> None:
+        if len(counts) > max_orders:  # each count vector has at least one order: too large already
+            return
         if k == len(mids):
             if all(v == 0 for v in left.values()) and 2 + stages >= problem.min_stages:
                 counts.append(list(cur))
@@ -804,6 +806,8 @@ def support_class_best(problem: PipelineProblem, mip: AggregatedMIP, values: Seq
             n += 1
 
     fill(0, need, used_gpus, 0, [])
+    if len(counts) > max_orders:
+        return None
     best: tuple[float, list[StageChoice] | None] = (math.inf, None)
     evaluated = 0
     for cnt in counts:
