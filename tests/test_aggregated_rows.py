@@ -1,5 +1,5 @@
 """Every row of the aggregated model is valid: a real plan, encoded as a point of the model of the
-bottleneck window that contains it, satisfies every row, and the objective there is no above the
+bottleneck window that contains it, satisfies every row, and the objective there is no higher than the
 plan's exact step time (formulations/pipeline_mip.md, "Why the optimum is a valid lower bound").
 
 This checks the rows one plan at a time, so an invalid cut fails here even when the search would
