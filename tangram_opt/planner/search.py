@@ -12,7 +12,6 @@ solved node, so the reported gap is valid for the whole plan space.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import time
@@ -49,10 +48,12 @@ RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
 #: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
 NOGOOD_ROUNDS = 3
-#: rounds of support-class cuts per window solve (``_BranchAndBound.refine``), and the most orders
-#: one class may have for its exact best to be enumerated
-REFINE_ROUNDS = 50
+#: rounds of support-class cuts per window (``_BranchAndBound.refine``; the window then closes at
+#: its bound), and the most orders one class may have for its exact best to be enumerated
+REFINE_ROUNDS = 8
 REFINE_MAX_ORDERS = 5000
+#: each re-solve of a cut window gets at most this many times the first solve's time (>= 1 s)
+REFINE_SOLVE_FACTOR = 3.0
 #: the knapsack primal heuristic (``_BranchAndBound.knapsack_plans``): caps in [bound, SPAN x bound],
 #: at most CAPS of them, each with these minimum memory tolerances, for at most
 #: max(MIN_S, SHARE x time_limit_s) seconds per pipeline micro-batch size
@@ -612,11 +613,15 @@ class _BranchAndBound:
         records it in ``node.excluded_s`` and cuts the class off the window's model; the re-solved
         model bounds everything else. The window's bound is min(excluded_s, the model's bound),
         valid for the whole window. Stops when the model's optimum reaches the incumbent, the
-        window is exhausted (INFEASIBLE), a class is too large to enumerate, or the time is up;
-        returns the last solve's result."""
+        window is exhausted (INFEASIBLE), a class is too large to enumerate, after REFINE_ROUNDS
+        cuts, or when a re-solve runs out of time; returns the last optimal (or infeasible)
+        result, so the window closes at that bound: no-good cuts make later solves slow, and a
+        window left open with many of them would absorb the search's time."""
         sub = self.subs[node.b]
         tick = mip.options.tick_s
         deadline = time.perf_counter() + min(budget, self.remaining())
+        # re-solves with more cuts get harder: each may take a few times the first solve
+        per_solve = max(1.0, REFINE_SOLVE_FACTOR * res.solve_time_s)
         for _ in range(REFINE_ROUNDS):
             best = support_class_best(sub.problem, mip, res.values, max_orders=REFINE_MAX_ORDERS)
             if best is None:
@@ -627,9 +632,9 @@ class _BranchAndBound:
             node.excluded_s = min(node.excluded_s, best[0])
             mip.cut_support(res.values)
             sub.info["support_cuts"] = sub.info.get("support_cuts", 0) + 1
-            left = deadline - time.perf_counter()
+            left = min(deadline - time.perf_counter(), per_solve)
             if left < 0.2:
-                return dataclasses.replace(res, status=SolveStatus.FEASIBLE)
+                return res  # its optimum still bounds everything the earlier cuts left
             mip.model.hint = {}
             nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
                                                                     seed=self.seed, rel_gap=self.rel_gap))
@@ -638,10 +643,14 @@ class _BranchAndBound:
             if nxt.values is not None:
                 ch = mip.decode(nxt.values)
                 self.offer(sub.b, ch, choices_timing(sub.problem, ch).step_time_s)
-            if nxt.status != SolveStatus.OPTIMAL or nxt.objective is None or self.pruned(nxt.objective * tick):
+            if nxt.status == SolveStatus.INFEASIBLE:
                 return nxt
+            if nxt.status != SolveStatus.OPTIMAL or nxt.objective is None:
+                return res  # out of time: the previous optimum still bounds the rest
             res = nxt
-        return dataclasses.replace(res, status=SolveStatus.FEASIBLE)
+            if self.pruned(res.objective * tick):
+                return res
+        return res
 
     def explore_alternatives(self, node: _Node, mip: AggregatedMIP, values: list[float], budget: float) -> None:
         """Primal search when the relaxation flattered the MIP's answer (its exact step time is
