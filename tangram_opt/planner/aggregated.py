@@ -806,16 +806,16 @@ def support_class_best(problem: PipelineProblem, mip: AggregatedMIP, values: Seq
             n += 1
 
     fill(0, need, used_gpus, 0, [])
-    if len(counts) > max_orders:
-        return None
+    # distinct orders of each count vector: (sum n)! / prod n!; give up before evaluating any
+    orders = 0
+    for cnt in counts:
+        orders += math.factorial(sum(cnt)) // math.prod(math.factorial(n) for n in cnt)
+        if orders > max_orders:
+            return None
     best: tuple[float, list[StageChoice] | None] = (math.inf, None)
-    evaluated = 0
     for cnt in counts:
         pool = [t for t, n in zip(mids, cnt) for _ in range(n)]
         for order in _distinct_orders(pool):
-            evaluated += 1
-            if evaluated > max_orders:
-                return None
             stages = [StageChoice(candidate=t.candidate, layers=t.layer_dict) for t in [first, *order, last]]
             if not _fits(problem, stages):
                 continue
