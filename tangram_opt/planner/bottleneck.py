@@ -53,10 +53,18 @@ class LayerKnapsack:
                                np.array([cands[t.candidate].gpus for t in tys], dtype=np.int64),
                                np.array([t.tolerance for t in tys], dtype=np.int64))
         self.times = np.unique(np.concatenate([r[0] for r in self._rows.values()])) if self._rows else np.empty(0)
+        # _fewest_gpus by (island, role, cap, min_tol): cover() reads it again for every stage it picks
+        self._fewest: dict[tuple[int, str, float, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def _fewest_gpus(self, i: int, role: str, lam: float, min_tol: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """g[l] = fewest GPUs of one stage of ``role`` on island i holding >= l blocks within ``lam``
         (and tolerating >= ``min_tol`` micro-batches in flight), arg[l] the index of that type."""
+        key = (i, role, lam, min_tol)
+        if key not in self._fewest:
+            self._fewest[key] = self._compute_fewest(i, role, lam, min_tol)
+        return self._fewest[key]
+
+    def _compute_fewest(self, i: int, role: str, lam: float, min_tol: int) -> tuple[np.ndarray, np.ndarray]:
         g = np.full(self.L + 1, _INF, dtype=np.int64)
         arg = np.full(self.L + 1, -1, dtype=np.int64)
         rows = self._rows.get((i, role))
