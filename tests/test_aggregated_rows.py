@@ -7,10 +7,12 @@ still happen to find the optimum through another window."""
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types, stage_type
 from tangram_opt.planner.assemble import choices_timing
 from tangram_opt.planner.brute import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
@@ -62,26 +64,39 @@ def _check_every_plan(ctx: PlanningContext) -> int:
                 continue
             timing = choices_timing(problem, list(plan))
             lam = timing.bottleneck_s
-            # the window just around the plan's period, as the search's leaves see it
-            mip = AggregatedMIP(problem, FormulationOptions(tick_s=_tick_for(timing.step_time_s)), all_types=types,
-                                lower_tmax_s=lam * 0.99, upper_tmax_s=lam * 1.01).build()
-            if mip.empty or not _types_of(mip, plan):
-                continue
-            hint = mip.hint_from(list(plan))
-            assert hint is not None
-            x = [0.0] * len(mip.model.vars)
-            for var, val in hint.items():
-                x[var.index] = val
-            violated = mip.model.check(x, tol=1e-6)
-            assert not violated, f"b={b}: a real plan of {len(plan)} stages violates {violated[:3]}"
-            objective = (mip.model.objective.const + sum(c * x[i] for i, c in mip.model.objective.coefs.items()))
-            # integer ticks: Smax rounds up to a whole tick, which (m - 1) multiplies (search.py
-            # takes ROUNDING_TICKS(m) off every bound it reads from a model for this)
-            slack = rounding_ticks(problem.num_micro_batches) * mip.options.tick_s
-            assert objective * mip.options.tick_s <= timing.step_time_s + slack, \
-                f"b={b}: the model prices a real plan above its exact step time"
-            checked += 1
+            roles = ["first"] + ["mid"] * (len(plan) - 2) + ["last"]
+            tail = max(stage_type(problem, st_.candidate, role, st_.layers).tail_s for role, st_ in zip(roles, plan))
+            # the window just around the plan's period, as the search's leaves see it, alone and
+            # with windows on the largest step tail that contain the plan's
+            tail_windows = [(None, math.inf), (None, tail)]
+            if tail > 0:
+                tail_windows += [(tail * 0.5, math.inf), (tail * (1 - 1e-9), tail)]
+            for tail_lo, tail_hi in tail_windows:
+                mip = AggregatedMIP(problem, FormulationOptions(tick_s=_tick_for(timing.step_time_s)),
+                                    all_types=types, lower_tmax_s=lam * 0.99, upper_tmax_s=lam * 1.01,
+                                    lower_tail_s=tail_lo, upper_tail_s=tail_hi).build()
+                if mip.empty or not _types_of(mip, plan):
+                    continue
+                _check_point(mip, plan, timing.step_time_s, f"b={b}, tail window ({tail_lo}, {tail_hi}]")
+                checked += 1
     return checked
+
+
+def _check_point(mip: AggregatedMIP, plan, step_time_s: float, where: str) -> None:
+    """``plan`` encoded in ``mip`` satisfies every row, with an objective no higher than its step time."""
+    hint = mip.hint_from(list(plan))
+    assert hint is not None
+    x = [0.0] * len(mip.model.vars)
+    for var, val in hint.items():
+        x[var.index] = val
+    violated = mip.model.check(x, tol=1e-6)
+    assert not violated, f"{where}: a real plan of {len(plan)} stages violates {violated[:3]}"
+    objective = (mip.model.objective.const + sum(c * x[i] for i, c in mip.model.objective.coefs.items()))
+    # integer ticks: Smax rounds up to a whole tick, which (m - 1) multiplies (search.py
+    # takes ROUNDING_TICKS(m) off every bound it reads from a model for this)
+    slack = rounding_ticks(mip.problem.num_micro_batches) * mip.options.tick_s
+    assert objective * mip.options.tick_s <= step_time_s + slack, \
+        f"{where}: the model prices a real plan above its exact step time"
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -35,6 +35,8 @@ from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 ROLES = ("first", "mid", "last")
 #: at most this many thresholds (besides hi) for the ``neighbours`` rows of a window
 NEIGHBOUR_THRESHOLDS = 8
+#: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
+TAIL_WINDOW_ROWS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,10 @@ class AggregatedMIP:
     upper_tmax_s: float = math.inf
     #: stage types computed once per sub-problem and reused by every window (None: enumerate)
     all_types: dict[str, list[StageType]] | None = None
+    #: window on the largest step tail of any stage: plans whose every stage has tail <=
+    #: upper_tail_s and, when lower_tail_s is set, some stage has tail > lower_tail_s
+    lower_tail_s: float | None = None
+    upper_tail_s: float = math.inf
 
     @property
     def empty(self) -> bool:
@@ -188,8 +194,12 @@ class AggregatedMIP:
         types = self.all_types if self.all_types is not None else enumerate_types(p, o.cutoff_s)
         gpipe_ = p.schedule == "gpipe"
         hi = self.upper_tmax_s
-        self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)]
+        self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)
+                             and t.tail_s <= self.upper_tail_s]
                       for role, ts in types.items()}
+        if self.lower_tail_s is not None and not any(t.tail_s > self.lower_tail_s for ts in self.types.values()
+                                                     for t in ts):
+            self.types = {}  # no stage type has a tail in the window: nothing to plan
         if self.empty or p.max_stages < 2:
             return self
         m, R, tick = p.num_micro_batches, p.max_stages, o.tick_s
@@ -427,10 +437,15 @@ class AggregatedMIP:
                 t_min = {}  # fastest heavy stage per island: compatibility with H is compatibility with it
                 for _, t, i, _, _ in heavy:
                     t_min[i] = min(t, t_min.get(i, math.inf))
-                light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and any(
-                    tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack for i, tm in t_min.items())]
-                md.add(lsum((2 - ends) * var for _, _, _, ends, var in heavy)
-                       <= lsum((2 - ends) * var for _, _, _, ends, var in light), f"neighbours[{q}]")
+                # a stage on island j is compatible with H iff its time is at most limit[j]
+                limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+                light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and e_[1] <= limit[e_[2]]]
+                row = LinExpr()
+                for _, _, _, ends, var in heavy:
+                    row.add_term(var, 2 - ends)
+                for _, _, _, ends, var in light:
+                    row.add_term(var, ends - 2)
+                md.add(row <= 0, f"neighbours[{q}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
@@ -451,9 +466,45 @@ class AggregatedMIP:
                 sibling = fl(t.bwd_s) + out_min[isl_of(mids, si)]
                 own = ce(t.bwd_s) + out_min[isl_of(mids, si)]  # its own backward and send, inside U
                 md.add(Y >= (fl(t.tail_s) + own - sibling) * ov + sibling * self.n[si] - U, f"tail_mid[{si}]")
+        if self.lower_tail_s is not None:
+            self._tail_window_rows(md, Y, sent_ub, fl, ce)
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
+
+    def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce) -> None:  # type: ignore[no-untyped-def]
+        """Rows of a window that holds only plans with some stage's tail above ``lower_tail_s``.
+
+        Then, for every theta <= lower_tail_s, some stage has a tail above theta; the most upstream
+        such stage k has only stages with tails <= theta upstream of it (never the last stage), so
+        Y >= tail_k - U_k >= (least tail above theta) - (backward of the stages with tails <= theta
+        + every link). Several theta are used: with theta just below the window, a stage whose tail
+        is a little smaller than the window's lower edge is not counted as upstream cover."""
+        entries = []  # (tail, backward ticks rounded up, role, var)
+        for role, group in (("first", self.e), ("mid", self.n), ("last", self.h)):
+            for si, var in group.items():
+                t = self.types[role][si]
+                entries.append((t.tail_s, ce(t.bwd_s), role, var))
+        lower = self.lower_tail_s
+        assert lower is not None
+        heavy = LinExpr()
+        for tail, _, _, var in entries:
+            if tail > lower:
+                heavy.add_term(var, 1)
+        if not heavy.coefs:  # no stage type above the threshold can be used: nothing in the window
+            md.add(LinExpr() >= 1, "tail_window")
+            return
+        md.add(heavy >= 1, "tail_window")
+        # theta from lower down to lower / 2 in even steps (a theta between two tails is as good
+        # as the next tail below it)
+        thetas = sorted({lower * (1 - 0.5 * q / TAIL_WINDOW_ROWS) for q in range(TAIL_WINDOW_ROWS + 1)}, reverse=True)
+        for q, theta in enumerate(thetas):
+            least = min(e_[0] for e_ in entries if e_[0] > theta)
+            light = LinExpr()
+            for tail, bwd, role, var in entries:
+                if tail <= theta and role != "last":
+                    light.add_term(var, bwd)
+            md.add(Y >= fl(least) - light - sent_ub, f"tail_window_Y[{q}]")
 
     # --- solutions -----------------------------------------------------------------------
     def stage_multiset(self, values: Sequence[float]) -> tuple[StageType, list[StageType], StageType]:

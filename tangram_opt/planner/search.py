@@ -46,6 +46,11 @@ LEAF_WINDOW_RATIO = 1.03
 RESTRICTED_PRIMAL_CANDIDATES = 3000
 RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
+#: a node is also split on the largest step tail of its stages (``_BranchAndBound.split``) until
+#: that window is at most this fraction of the incumbent wide
+TAIL_LEAF_FRACTION = 0.0025
+#: a window's model is rebuilt before its MIP solve when the incumbent improved by more than this
+REBUILD_CUTOFF_GAIN = 1e-3
 #: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
 NOGOOD_ROUNDS = 3
 #: rounds of support-class cuts per window (``_BranchAndBound.refine``; the window then closes at
@@ -107,6 +112,17 @@ class _Node:
     tries: int = field(default=0, compare=False)
     #: lower bound of the support classes cut off this window's model (their exact best plans)
     excluded_s: float = field(default=math.inf, compare=False)
+    #: window on the largest step tail of any stage: (tail_lo, tail_hi]; None: no lower edge
+    tail_lo_s: float | None = field(default=None, compare=False)
+    tail_hi_s: float = field(default=math.inf, compare=False)
+
+    def describe(self) -> str:
+        text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"
+        if self.tail_lo_s is not None or math.isfinite(self.tail_hi_s):
+            lo = 0.0 if self.tail_lo_s is None else self.tail_lo_s
+            hi = "inf" if not math.isfinite(self.tail_hi_s) else f"{1e3 * self.tail_hi_s:.0f}"
+            text += f", tail ({1e3 * lo:.0f}, {hi}] ms"
+        return text
 
 
 def fluid_bottleneck_s(problem: PipelineProblem) -> float:
@@ -347,8 +363,8 @@ class _BranchAndBound:
             if self.remaining() <= 0.05:
                 heapq.heappush(self.open, node)
                 break
-            if (self.windows and math.isfinite(node.hi_s)
-                    and node.hi_s / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO):
+            if self.windows and math.isfinite(node.hi_s) and (
+                    node.hi_s / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO or self.tail_split_point(node) is not None):
                 self.split(node)
             else:
                 self.solve_leaf(node)
@@ -447,7 +463,8 @@ class _BranchAndBound:
                     self.offer(sub.b, choices, choices_timing(sub.problem, choices).step_time_s)
         sub.info["knapsack_plans"] = found
 
-    def build(self, sub: _Sub, lo: float, hi: float) -> AggregatedMIP | PositionalMIP | None:
+    def build(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
+              tail_hi: float = math.inf) -> AggregatedMIP | PositionalMIP | None:
         cutoff = self.inc_s if math.isfinite(self.inc_s) else None
         ref = self.inc_s if math.isfinite(self.inc_s) else sub.lower_bound_s * 2
         fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref))
@@ -456,13 +473,15 @@ class _BranchAndBound:
         if sub.types is None:
             sub.types = enumerate_types(sub.problem, cutoff)
             sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
-        mip = AggregatedMIP(sub.problem, fopts, all_types=sub.types, lower_tmax_s=lo, upper_tmax_s=hi)
+        mip = AggregatedMIP(sub.problem, fopts, all_types=sub.types, lower_tmax_s=lo, upper_tmax_s=hi,
+                            lower_tail_s=tail_lo, upper_tail_s=tail_hi)
         mip.build()
         return None if mip.empty else mip
 
-    def evaluate(self, sub: _Sub, lo: float, hi: float) -> _Node | None:
+    def evaluate(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
+                 tail_hi: float = math.inf) -> _Node | None:
         """Build the window's model and bound it by its LP relaxation (None: nothing in it)."""
-        mip = self.build(sub, lo, hi)
+        mip = self.build(sub, lo, hi, tail_lo, tail_hi)
         sub.info["windows"] += 1
         if mip is None:
             return None
@@ -479,7 +498,7 @@ class _BranchAndBound:
                                                           lp * mip.options.tick_s - slack)
         if lp is not None and math.isinf(lp):
             return None
-        return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip)
+        return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip, tail_lo_s=tail_lo, tail_hi_s=tail_hi)
 
     def root(self, sub: _Sub) -> None:
         if self.pruned(sub.lower_bound_s):
@@ -519,15 +538,43 @@ class _BranchAndBound:
         sub.info["lp_bound_s"] = node.bound_s
         heapq.heappush(self.open, node)
 
+    def tail_split_point(self, node: _Node) -> float | None:
+        """Midpoint of the node's window on the largest step tail, or None when it is narrow."""
+        if not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
+            return None
+        tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
+        if not tails:
+            return None
+        lo = 0.0 if node.tail_lo_s is None else node.tail_lo_s
+        hi = min(node.tail_hi_s, max(tails))
+        if hi - lo <= TAIL_LEAF_FRACTION * self.inc_s:
+            return None
+        return 0.5 * (lo + hi)
+
     def split(self, node: _Node) -> None:
+        """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
+        wider than LEAF_WINDOW_RATIO, then on the largest step tail (arithmetic midpoint).
+        Restricting the tail helps the LP for the same reason restricting the time does: a type
+        outside the window cannot be used "a little", and the window's lower edge forces a stage
+        whose tail needs cover upstream (``AggregatedMIP._tail_window_rows``). Time first: the
+        period term dominates the objective, and tail windows make the leaf MIPs small."""
         sub = self.subs[node.b]
         hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
         if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
             self.close(node, self.inc_s)
             return
-        mid = math.sqrt(node.lo_s * hi)
-        for lo_c, hi_c in ((node.lo_s, mid), (mid, hi)):
-            child = self.evaluate(sub, lo_c, hi_c)
+        if hi / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO:
+            mid = math.sqrt(node.lo_s * hi)
+            windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s), (mid, hi, node.tail_lo_s, node.tail_hi_s)]
+        else:
+            theta = self.tail_split_point(node)
+            if theta is None:  # narrow in both once the incumbent capped the time window
+                node.hi_s = hi
+                self.solve_leaf(node)
+                return
+            windows = [(node.lo_s, hi, node.tail_lo_s, theta), (node.lo_s, hi, theta, node.tail_hi_s)]
+        for w in windows:
+            child = self.evaluate(sub, *w)
             if child is None:
                 self.close(node, self.inc_s)  # nothing in this half beats the incumbent
                 continue
@@ -536,12 +583,24 @@ class _BranchAndBound:
                 self.close(child, child.bound_s)
             else:
                 heapq.heappush(self.open, child)
-        self.emit(f"b={node.b}: split [{1e3 * node.lo_s:.2f}, {1e3 * hi:.2f}] ms")
+        self.emit(f"b={node.b}: split {node.describe()}")
 
     def solve_leaf(self, node: _Node) -> None:
         sub = self.subs[node.b]
         mip = node.mip
         assert mip is not None
+        cutoff = mip.options.cutoff_s
+        if isinstance(mip, AggregatedMIP) and cutoff is not None and self.inc_s < cutoff * (1 - REBUILD_CUTOFF_GAIN):
+            # the incumbent improved since this window's model was built: rebuild it with the new
+            # cutoff (tighter time bounds, more columns fixed by reduced costs); MIP time dwarfs this
+            hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s) if hi > node.lo_s else None
+            if fresh is None or self.pruned(fresh.bound_s):
+                self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
+                return
+            node.mip, node.hi_s, node.bound_s = fresh.mip, hi, max(node.bound_s, fresh.bound_s)
+            mip = fresh.mip
+            assert mip is not None
         n_open = 1 + len(self.open)
         budget = min(self.remaining(), max(2.0, self.remaining() / n_open) * 2 ** node.tries)
         for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
@@ -563,7 +622,7 @@ class _BranchAndBound:
         if res.status == SolveStatus.ERROR:
             self.close(node, node.bound_s)
             sub.info["last_status"] = f"error: {res.message}"
-            self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+            self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
             return
         if res.values is not None:
             # the aggregated model relaxes p2p and tail terms: evaluate every reported solution exactly
@@ -601,7 +660,7 @@ class _BranchAndBound:
                 # time ran out: keep the window open with its better bound and more time next turn
                 node.bound_s, node.tries = b, node.tries + 1
                 heapq.heappush(self.open, node)
-        self.emit(f"b={node.b}: window [{1e3 * node.lo_s:.2f}, {1e3 * node.hi_s:.2f}] ms {res.status.value}")
+        self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
 
     def refine(self, node: _Node, mip: AggregatedMIP, res: Any, budget: float) -> Any:
         """Tighten a window whose model optimum lies below the incumbent.

@@ -12,6 +12,7 @@ otherwise let two backends report different "optima" for the same model.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import re
@@ -384,23 +385,22 @@ class HighsBackend(Backend):
         lp.col_upper_ = np.array([inf if math.isinf(v.ub) else v.ub for v in model.vars])
         lp.row_lower_ = np.array([-inf if math.isinf(c.lb) else c.lb for c in model.constraints])
         lp.row_upper_ = np.array([inf if math.isinf(c.ub) else c.ub for c in model.constraints])
-        cols: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        for r, c in enumerate(model.constraints):
-            for i, a in c.coefs.items():
-                cols[i].append((r, a))
-        start = np.zeros(n + 1, dtype=np.int32)
-        for i, col in enumerate(cols):
-            start[i + 1] = start[i] + len(col)
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lengths = np.fromiter((len(c.coefs) for c in model.constraints), dtype=np.int32,
+                              count=len(model.constraints))
+        start = np.zeros(len(model.constraints) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=start[1:])
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
         lp.a_matrix_.start_ = start
-        lp.a_matrix_.index_ = np.array([r for col in cols for r, _ in col], dtype=np.int32)
-        lp.a_matrix_.value_ = np.array([a for col in cols for _, a in col], dtype=float)
+        lp.a_matrix_.index_ = np.fromiter(itertools.chain.from_iterable(c.coefs.keys() for c in model.constraints),
+                                          dtype=np.int32, count=int(start[-1]))
+        lp.a_matrix_.value_ = np.fromiter(itertools.chain.from_iterable(c.coefs.values() for c in model.constraints),
+                                          dtype=float, count=int(start[-1]))
         if any(v.integer for v in model.vars) and not relax:
             lp.integrality_ = [highspy.HighsVarType.kInteger if v.integer else highspy.HighsVarType.kContinuous
                                for v in model.vars]
         h.passModel(lp)
         for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
-                         ("mip_abs_gap", 0.5 if model.is_integral else 1e-9), ("random_seed", int(options.seed)),
+                         ("mip_abs_gap", 0.5 if not relax and model.is_integral else 1e-9), ("random_seed", int(options.seed)),
                          ("threads", threads)):
             h.setOptionValue(key, val)
         traj = _Trajectory(options)
