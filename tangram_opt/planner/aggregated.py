@@ -35,6 +35,8 @@ from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 ROLES = ("first", "mid", "last")
 #: at most this many thresholds (besides hi) for the ``neighbours`` rows of a window
 NEIGHBOUR_THRESHOLDS = 8
+#: also one neighbour row per island and threshold (the heavy stages of that island alone)
+NEIGHBOUR_PER_ISLAND = True
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 8
 
@@ -440,12 +442,26 @@ class AggregatedMIP:
                 # a stage on island j is compatible with H iff its time is at most limit[j]
                 limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
                 light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and e_[1] <= limit[e_[2]]]
-                row = LinExpr()
-                for _, _, _, ends, var in heavy:
-                    row.add_term(var, 2 - ends)
-                for _, _, _, ends, var in light:
-                    row.add_term(var, ends - 2)
-                md.add(row <= 0, f"neighbours[{q}]")
+                # a middle stage between two heavy ones forms a block of three with them, so it
+                # can have two heavy neighbours only if T <= 3 hi - T_h1 - T_h2 - 2 c1 - 2 c2
+                # ("very light"); any other light middle stage has at most one
+                sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
+                                   for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
+                self._neighbour_row(md, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]")
+                if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
+                    continue
+                # any subset of H is pairwise incompatible too: the heavy stages of one island i
+                # (w = T + c_ii there) and the stages compatible with its fastest one, which
+                # leaves out the stages only some other island's heavy stages could neighbour
+                for i in islands:
+                    heavy_i = [e_ for e_ in entries if e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9)]
+                    if not heavy_i:
+                        continue
+                    tm = min(e_[1] for e_ in heavy_i)
+                    light_i = [e_ for e_ in entries if not (e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9))
+                               and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
+                    sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
+                    self._neighbour_row(md, heavy_i, light_i, sandwich_i if m > 3 else None, f"neighbours[{q},{i}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
@@ -471,6 +487,19 @@ class AggregatedMIP:
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
+
+    @staticmethod
+    def _neighbour_row(md: LinearModel, heavy: list, light: list, sandwich: dict[int, float] | None,  # type: ignore[type-arg]
+                       name: str) -> None:
+        """Edges between H and L(H) counted from both sides over entries (w, T, island, ends, var):
+        2 n_H + e_H + h_H <= sum over L of (2 n + e + h), a middle stage of L counting once only
+        when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages)."""
+        row = LinExpr()
+        for _, _, _, ends, var in heavy:
+            row.add_term(var, 2 - ends)
+        for _, t, j, ends, var in light:
+            row.add_term(var, -1 if ends or (sandwich is not None and t > sandwich[j]) else -2)
+        md.add(row <= 0, name)
 
     def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce) -> None:  # type: ignore[no-untyped-def]
         """Rows of a window that holds only plans with some stage's tail above ``lower_tail_s``.
