@@ -454,12 +454,13 @@ class AggregatedMIP:
                 # (w = T + c_ii there) and the stages compatible with its fastest one, which
                 # leaves out the stages only some other island's heavy stages could neighbour
                 for i in islands:
-                    heavy_i = [e_ for e_ in entries if e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9)]
+                    inside = [e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9) for e_ in entries]
+                    heavy_i = [e_ for e_, h in zip(entries, inside) if h]
                     if not heavy_i:
                         continue
                     tm = min(e_[1] for e_ in heavy_i)
-                    light_i = [e_ for e_ in entries if not (e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9))
-                               and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
+                    light_i = [e_ for e_, h in zip(entries, inside)
+                               if not h and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
                     sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
                     self._neighbour_row(md, heavy_i, light_i, sandwich_i if m > 3 else None, f"neighbours[{q},{i}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
