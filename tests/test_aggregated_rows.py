@@ -8,6 +8,7 @@ still happen to find the optimum through another window."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,9 +52,11 @@ def _types_of(mip: AggregatedMIP, plan) -> bool:
     return True
 
 
-def _check_every_plan(ctx: PlanningContext) -> tuple[int, int]:
+def _check_every_plan(ctx: PlanningContext, used: Counter | None = None) -> tuple[int, int]:
     """Encode every multi-stage plan of ``ctx`` in its window's model; returns how many plans were
-    checked in the period window alone and how many (plan, tail window) pairs besides."""
+    checked in the period window alone and how many (plan, tail window) pairs besides. ``used``
+    counts the checks where a plan's point has successor counts or a medium run switched on
+    (the rows that depend on the plan's order, so the test shows they were exercised)."""
     checked = tail_checked = 0
     for b in ctx.pipeline_micro_batches():
         problem = ctx.problem(b)
@@ -78,7 +81,10 @@ def _check_every_plan(ctx: PlanningContext) -> tuple[int, int]:
                                     lower_tail_s=tail_lo, upper_tail_s=tail_hi).build()
                 if mip.empty or not _types_of(mip, plan):
                     continue
-                _check_point(mip, plan, timing.step_time_s, f"b={b}, tail window ({tail_lo}, {tail_hi}]")
+                x = _check_point(mip, plan, timing.step_time_s, f"b={b}, tail window ({tail_lo}, {tail_hi}]")
+                if used is not None:
+                    used["successors"] += any(x[z.index] > 0 for z in mip.succ.values())
+                    used["medium"] += any(x[u.index] > 0.5 for u, _ in mip.medium)
                 if tail_lo is None and math.isinf(tail_hi):
                     checked += 1
                 else:
@@ -86,7 +92,7 @@ def _check_every_plan(ctx: PlanningContext) -> tuple[int, int]:
     return checked, tail_checked
 
 
-def _check_point(mip: AggregatedMIP, plan, step_time_s: float, where: str) -> None:
+def _check_point(mip: AggregatedMIP, plan, step_time_s: float, where: str) -> list[float]:
     """``plan`` encoded in ``mip`` satisfies every row, with an objective no higher than its step time."""
     hint = mip.hint_from(list(plan))
     assert hint is not None
@@ -101,6 +107,7 @@ def _check_point(mip: AggregatedMIP, plan, step_time_s: float, where: str) -> No
     slack = rounding_ticks(mip.problem.num_micro_batches) * mip.options.tick_s
     assert objective * mip.options.tick_s <= step_time_s + slack, \
         f"{where}: the model prices a real plan above its exact step time"
+    return x
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -117,9 +124,12 @@ def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
                         pipeline_micro_batches=(1, 2))
     ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
                           seq_len=1024), space=space)
-    plans, tail_windows = _check_every_plan(ctx)
+    used: Counter = Counter()
+    plans, tail_windows = _check_every_plan(ctx, used)
     assert plans >= 20
     assert tail_windows >= plans  # the tail-window rows are exercised, not only the period window
+    # and so are the order-dependent rows: successor counts and medium runs
+    assert used["successors"] >= 20 and used["medium"] >= 20, used
 
 
 def test_support_class_best_is_the_exhaustive_best_of_its_class():

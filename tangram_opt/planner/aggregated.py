@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.pipeline_model import pipeline_timing
-from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
+from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var, lsum
 
 ROLES = ("first", "mid", "last")
 #: at most this many thresholds (besides hi) for the ``neighbours`` rows of a window
 NEIGHBOUR_THRESHOLDS = 8
 #: also one neighbour row per island and threshold (the heavy stages of that island alone)
 NEIGHBOUR_PER_ISLAND = True
+#: also the rows that make the stages compatible with no heavy stage take edges from L (M runs)
+NEIGHBOUR_MEDIUM_RUNS = True
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 8
 
@@ -184,6 +186,12 @@ class AggregatedMIP:
     #: upper_tail_s and, when lower_tail_s is set, some stage has tail > lower_tail_s
     lower_tail_s: float | None = None
     upper_tail_s: float = math.inf
+    #: tail windows: successor counts succ[s] of middle types and the (role, type) of the set S
+    #: whose successors they count (``_successor_term``)
+    succ: dict[int, Var] = field(default_factory=dict)
+    succ_heavy: set[tuple[str, int]] = field(default_factory=set)
+    #: neighbour rows: binary "some stage of M is used" and the columns (n, e, h) of M
+    medium: list[tuple[Var, frozenset[int]]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -224,8 +232,11 @@ class AggregatedMIP:
                 continue
             self.n[si] = md.add_var(f"n[{si}]", 0, ub, integer=True)
             self.o[si] = md.add_binary(f"o[{si}]")  # type s used at all
-            md.add(self.n[si] <= ub * self.o[si], f"use[{si}]")
-            md.add(self.o[si] <= self.n[si], f"use_lb[{si}]")
+            # per-type rows are built as coefficient dicts: thousands of them per window, and
+            # LinExpr arithmetic would copy expressions at every operator
+            n_i, o_i = self.n[si].index, self.o[si].index
+            md.add(Constraint({n_i: 1.0, o_i: -float(ub)}, -math.inf, 0.0), f"use[{si}]")  # n <= ub o
+            md.add(Constraint({o_i: 1.0, n_i: -1.0}, -math.inf, 0.0), f"use_lb[{si}]")  # o <= n
         for si, t in enumerate(firsts):
             self.e[si] = md.add_binary(f"e[{si}]")
         for si, t in enumerate(lasts):
@@ -285,7 +296,8 @@ class AggregatedMIP:
             Tmax = self.aux["Tmax"] = md.add_var("Tmax", tl, ce(hi) if math.isfinite(hi) else big_t, integer=True)
             for si, ov in self.o.items():
                 if fl(mids[si].time_s) > tl:
-                    md.add(Tmax >= fl(mids[si].time_s) * ov, f"Tmax[{si}]")
+                    md.add(Constraint({Tmax.index: 1.0, ov.index: -float(fl(mids[si].time_s))}, 0.0, math.inf),
+                           f"Tmax[{si}]")  # Tmax >= T_s o_s
             for group, tys, nm in ((self.e, firsts, "first"), (self.h, lasts, "last")):
                 md.add(Tmax >= lsum(fl(tys[si].time_s) * var for si, var in group.items()), f"Tmax_{nm}")
             bottleneck = LinExpr.of(Tmax)
@@ -373,7 +385,9 @@ class AggregatedMIP:
                 for role, group, tys in (("first", self.e, firsts), ("last", self.h, lasts), ("mid", self.o, mids)):
                     for si, var in group.items():
                         if isl_of(tys, si) == i:
-                            md.add(tv <= fl(tys[si].time_s) + big_s * (1 - var), f"tmin_def[{i},{role}{si}]")
+                            # tmin[i] <= T_s + big (1 - used_s)
+                            md.add(Constraint({tv.index: 1.0, var.index: float(big_s)}, -math.inf,
+                                              float(fl(tys[si].time_s) + big_s)), f"tmin_def[{i},{role}{si}]")
         for (i, j), av in self.a.items():
             cij = fl(p.p2p_s[i, j])
             pair = bool(tmin) and 2 * cij > tl
@@ -447,7 +461,7 @@ class AggregatedMIP:
                 # ("very light"); any other light middle stage has at most one
                 sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
                                    for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
-                self._neighbour_row(md, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]")
+                self._neighbour_row(md, entries, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]")
                 if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
                     continue
                 # any subset of H is pairwise incompatible too: the heavy stages of one island i
@@ -462,7 +476,8 @@ class AggregatedMIP:
                     light_i = [e_ for e_, h in zip(entries, inside)
                                if not h and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
                     sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
-                    self._neighbour_row(md, heavy_i, light_i, sandwich_i if m > 3 else None, f"neighbours[{q},{i}]")
+                    self._neighbour_row(md, entries, heavy_i, light_i, sandwich_i if m > 3 else None,
+                                        f"neighbours[{q},{i}]")
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
@@ -482,43 +497,84 @@ class AggregatedMIP:
                 # the most upstream copy of type s has its n_s - 1 siblings downstream of it
                 sibling = fl(t.bwd_s) + out_min[isl_of(mids, si)]
                 own = ce(t.bwd_s) + out_min[isl_of(mids, si)]  # its own backward and send, inside U
-                md.add(Y >= (fl(t.tail_s) + own - sibling) * ov + sibling * self.n[si] - U, f"tail_mid[{si}]")
+                # Y >= (tail + own - sibling) o + sibling n - U
+                md.add(Constraint({Y.index: 1.0, ov.index: -float(fl(t.tail_s) + own - sibling),
+                                   self.n[si].index: -float(sibling), U.index: 1.0}, 0.0, math.inf),
+                       f"tail_mid[{si}]")
         if self.lower_tail_s is not None:
-            self._tail_window_rows(md, Y, sent_ub, fl, ce)
+            self._tail_window_rows(md, Y, sent_ub, fl, ce, out_min,
+                                   successors=not gpipe and m > 2 and math.isfinite(hi))
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
 
-    @staticmethod
-    def _neighbour_row(md: LinearModel, heavy: list, light: list, sandwich: dict[int, float] | None,  # type: ignore[type-arg]
-                       name: str) -> None:
+    def _neighbour_row(self, md: LinearModel, entries: list, heavy: list, light: list,  # type: ignore[type-arg]
+                       sandwich: dict[int, float] | None, name: str) -> None:
         """Edges between H and L(H) counted from both sides over entries (w, T, island, ends, var):
         2 n_H + e_H + h_H <= sum over L of (2 n + e + h), a middle stage of L counting once only
-        when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages)."""
-        row = LinExpr()
-        for _, _, _, ends, var in heavy:
-            row.add_term(var, 2 - ends)
-        for _, t, j, ends, var in light:
-            row.add_term(var, -1 if ends or (sandwich is not None and t > sandwich[j]) else -2)
-        md.add(row <= 0, name)
+        when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages).
 
-    def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce) -> None:  # type: ignore[no-untyped-def]
+        The other stages (set M: neither in H nor compatible with any of it) have all their
+        neighbours outside H. A maximal run of M stages on the path that does not hold an end of
+        the path has two boundary edges, both into L (one if it holds an end). So when some M
+        stage exists (binary ``medium``), L's edges feed H and at least one run:
+        2 n_H + e_H + h_H + 2 medium - e_M - h_M <= sum over L of (2 n + e + h)."""
+        # dense rows (every type of the window): coefficient dicts built directly, not through
+        # LinExpr arithmetic, which copies them at every operation
+        row = {var.index: 2.0 - ends for _, _, _, ends, var in heavy}
+        full = dict(row)
+        for _, t, j, ends, var in light:
+            row[var.index] = -1.0 if ends or (sandwich is not None and t > sandwich[j]) else -2.0
+            full[var.index] = -1.0 if ends else -2.0
+        md.add(Constraint(row, -math.inf, 0.0), name)
+        if not NEIGHBOUR_MEDIUM_RUNS or not heavy:
+            return
+        taken = {id(e_) for e_ in heavy} | {id(e_) for e_ in light}
+        medium = [e_ for e_ in entries if id(e_) not in taken]
+        if not medium:
+            return
+        tag = name[len("neighbours"):]
+        u = md.add_binary(f"medium{tag}")
+        # u = 1 as soon as any column of M is positive (integrality does the rest): one row
+        # instead of one per type of M
+        used_m = {var.index: 1.0 for *_, var in medium}
+        used_m[u.index] = -float(self.problem.max_stages)
+        md.add(Constraint(used_m, -math.inf, 0.0), f"medium_def{tag}")
+        for _, _, _, ends, var in medium:
+            if ends:
+                full[var.index] = -1.0
+        full[u.index] = 2.0
+        self.medium.append((u, frozenset(e_[4].index for e_ in medium)))
+        md.add(Constraint(full, -math.inf, 0.0), f"neighbours_medium{tag}")
+
+    def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce,  # type: ignore[no-untyped-def]
+                          out_min: dict[int, int], *, successors: bool) -> None:
         """Rows of a window that holds only plans with some stage's tail above ``lower_tail_s``.
 
         Then, for every theta <= lower_tail_s, some stage has a tail above theta; the most upstream
         such stage k has only stages with tails <= theta upstream of it (never the last stage), so
         Y >= tail_k - U_k >= (least tail above theta) - (backward of the stages with tails <= theta
-        + every link). Several theta are used: with theta just below the window, a stage whose tail
-        is a little smaller than the window's lower edge is not counted as upstream cover."""
-        entries = []  # (tail, backward ticks rounded up, role, var)
+        + every link), and every link leaving a stage with a tail above theta is downstream of k.
+        Several theta are used: with theta just below the window, a stage whose tail is a little
+        smaller than the window's lower edge is not counted as upstream cover.
+
+        With ``successors`` (1F1B, m > 2, a finite window), the stages with a tail above the window
+        that are also too slow to neighbour each other within the window (set S) each have a
+        successor outside S, downstream of k as well: a middle stage compatible with S, unless it
+        is the last stage or another stage with a large tail (already counted). Continuous
+        ``succ[s]`` (at most n[s]) count the middle stages of type s with small tails serving as
+        such successors, and each takes its backward and out-link off the cover of every row."""
+        p = self.problem
+        cands = p.candidates
+        entries = []  # (tail, backward ticks rounded up, role, var, type, type index)
         for role, group in (("first", self.e), ("mid", self.n), ("last", self.h)):
             for si, var in group.items():
                 t = self.types[role][si]
-                entries.append((t.tail_s, ce(t.bwd_s), role, var))
+                entries.append((t.tail_s, ce(t.bwd_s), role, var, t, si))
         lower = self.lower_tail_s
         assert lower is not None
         heavy = LinExpr()
-        for tail, _, _, var in entries:
+        for tail, _, _, var, _, _ in entries:
             if tail > lower:
                 heavy.add_term(var, 1)
         if not heavy.coefs:  # no stage type above the threshold can be used: nothing in the window
@@ -528,13 +584,63 @@ class AggregatedMIP:
         # theta from lower down to lower / 2 in even steps (a theta between two tails is as good
         # as the next tail below it)
         thetas = sorted({lower * (1 - 0.5 * q / TAIL_WINDOW_ROWS) for q in range(TAIL_WINDOW_ROWS + 1)}, reverse=True)
+        succ_term = self._successor_term(md, entries, thetas[-1], out_min, fl) if successors else LinExpr()
+        isl = lambda t: cands[t.candidate].island  # noqa: E731
+        # Y + cover - (downstream links) - successors >= least, as a coefficient dict
+        base = {i: c for i, c in sent_ub.coefs.items()}
+        for i, c in succ_term.coefs.items():
+            base[i] = base.get(i, 0.0) - c
+        base[Y.index] = base.get(Y.index, 0.0) + 1.0
+        not_last = [(tail, bwd, var.index, out_min[isl(t)]) for tail, bwd, role, var, t, _ in entries if role != "last"]
         for q, theta in enumerate(thetas):
             least = min(e_[0] for e_ in entries if e_[0] > theta)
-            light = LinExpr()
-            for tail, bwd, role, var in entries:
-                if tail <= theta and role != "last":
-                    light.add_term(var, bwd)
-            md.add(Y >= fl(least) - light - sent_ub, f"tail_window_Y[{q}]")
+            row = dict(base)
+            for tail, bwd, vi, out in not_last:
+                # cover if its tail is at most theta; else downstream of k (or k itself), so its
+                # out-link is not cover
+                row[vi] = bwd if tail <= theta else -out
+            md.add(Constraint(row, float(fl(least) - sent_ub.const + succ_term.const), math.inf), f"tail_window_Y[{q}]")
+
+    def _successor_term(self, md: LinearModel, entries: list, theta_min: float,  # type: ignore[type-arg]
+                        out_min: dict[int, int], fl) -> LinExpr:  # type: ignore[no-untyped-def]
+        """sum_s (B_s + out-link) succ[s] over the successors of the slow large-tail stages (see
+        ``_tail_window_rows``); empty when no such middle stage can exist."""
+        p = self.problem
+        cands = p.candidates
+        hi = self.upper_tmax_s
+        lower = self.lower_tail_s
+        islands = sorted(p.island_gpus)
+        isl = lambda t: cands[t.candidate].island  # noqa: E731
+        cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
+        cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+        in_s = [tail > lower and t.time_s + cmin[isl(t)] > hi * (1 + 1e-9) for tail, _, _, _, t, _ in entries]
+        if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
+            return LinExpr()
+        t_min: dict[int, float] = {}  # fastest member of S per island
+        for s, (_, _, _, _, t, _) in zip(in_s, entries):
+            if s:
+                t_min[isl(t)] = min(t.time_s, t_min.get(isl(t), math.inf))
+        slack = 2 * hi * 1e-9
+        limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+        need = LinExpr()  # members of S in the middle, less the successors that need no variable
+        term = LinExpr()
+        for s, (tail, _, role, var, t, si) in zip(in_s, entries):
+            if s:
+                self.succ_heavy.add((role, si))
+            if role == "mid" and s:
+                need.add_term(var, 1)
+            elif role == "last" and not s:
+                need.add_term(var, -1)
+            elif role == "mid" and tail > theta_min:
+                need.add_term(var, -1)  # a successor with a large tail is counted by every row already
+            elif role == "mid" and t.time_s <= limit[isl(t)]:
+                z = md.add_var(f"succ[{var.name}]", 0, var.ub)
+                md.add(z <= var, f"succ_ub[{var.name}]")
+                self.succ[si] = z
+                need.add_term(z, -1)
+                term.add_term(z, fl(t.bwd_s) + out_min[isl(t)])
+        md.add(need <= 0, "successors")
+        return term
 
     # --- solutions -----------------------------------------------------------------------
     def stage_multiset(self, values: Sequence[float]) -> tuple[StageType, list[StageType], StageType]:
@@ -579,7 +685,7 @@ class AggregatedMIP:
             return None
         vals[self.e[fi]] = 1.0
         vals[self.h[la]] = 1.0
-        used: list[StageType] = [self.types["first"][fi], self.types["last"][la]]
+        keys = [("first", fi)]
         for st in stages[1:-1]:
             si = find("mid", st)
             if si is None or si not in self.n:
@@ -587,7 +693,13 @@ class AggregatedMIP:
             vals[self.n[si]] += 1.0
             if si in self.o:
                 vals[self.o[si]] = 1.0
-            used.append(self.types["mid"][si])
+            keys.append(("mid", si))
+        keys.append(("last", la))
+        for u, cols in self.medium:
+            vals[u] = 1.0 if any(vals[self.model.vars[i]] > 0.5 for i in cols) else 0.0
+        for k, nxt in zip(keys, keys[1:]):  # successors of the set S that the succ[s] count
+            if k in self.succ_heavy and nxt[0] == "mid" and nxt[1] in self.succ:
+                vals[self.succ[nxt[1]]] += 1.0
         for st_a, st_b in zip(stages, stages[1:]):
             key = (cands[st_a.candidate].island, cands[st_b.candidate].island)
             vals[self.a[key]] += 1.0
