@@ -461,7 +461,8 @@ class AggregatedMIP:
                 # ("very light"); any other light middle stage has at most one
                 sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
                                    for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
-                self._neighbour_row(md, entries, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]")
+                self._neighbour_row(md, entries, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]", cpair,
+                                    hi + slack / 2)
                 if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
                     continue
                 # any subset of H is pairwise incompatible too: the heavy stages of one island i
@@ -477,7 +478,7 @@ class AggregatedMIP:
                                if not h and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
                     sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
                     self._neighbour_row(md, entries, heavy_i, light_i, sandwich_i if m > 3 else None,
-                                        f"neighbours[{q},{i}]")
+                                        f"neighbours[{q},{i}]", cpair, hi + slack / 2)
         out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
@@ -509,7 +510,8 @@ class AggregatedMIP:
         return self
 
     def _neighbour_row(self, md: LinearModel, entries: list, heavy: list, light: list,  # type: ignore[type-arg]
-                       sandwich: dict[int, float] | None, name: str) -> None:
+                       sandwich: dict[int, float] | None, name: str, cpair: dict[tuple[int, int], float],
+                       hi: float) -> None:
         """Edges between H and L(H) counted from both sides over entries (w, T, island, ends, var):
         2 n_H + e_H + h_H <= sum over L of (2 n + e + h), a middle stage of L counting once only
         when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages).
@@ -517,8 +519,10 @@ class AggregatedMIP:
         The other stages (set M: neither in H nor compatible with any of it) have all their
         neighbours outside H. A maximal run of M stages on the path that does not hold an end of
         the path has two boundary edges, both into L (one if it holds an end). So when some M
-        stage exists (binary ``medium``), L's edges feed H and at least one run:
-        2 n_H + e_H + h_H + 2 medium - e_M - h_M <= sum over L of (2 n + e + h)."""
+        stage exists (binary ``medium``), L's edges feed H and at least one run. An end stage of M
+        that no other stage of M can neighbour is a run alone, with one edge into L:
+        2 n_H + e_H + h_H + 2 medium + (isolated ends of M) - (other ends of M) <= sum over L of (2 n + e + h),
+        ``medium`` counting middle stages of M only."""
         # dense rows (every type of the window): coefficient dicts built directly, not through
         # LinExpr arithmetic, which copies them at every operation
         row = {var.index: 2.0 - ends for _, _, _, ends, var in heavy}
@@ -527,24 +531,34 @@ class AggregatedMIP:
             row[var.index] = -1.0 if ends or (sandwich is not None and t > sandwich[j]) else -2.0
             full[var.index] = -1.0 if ends else -2.0
         md.add(Constraint(row, -math.inf, 0.0), name)
-        if not NEIGHBOUR_MEDIUM_RUNS or not heavy:
+        if not heavy:
             return
         taken = {id(e_) for e_ in heavy} | {id(e_) for e_ in light}
         medium = [e_ for e_ in entries if id(e_) not in taken]
-        if not medium:
+        if not NEIGHBOUR_MEDIUM_RUNS or not medium:
             return
         tag = name[len("neighbours"):]
-        u = md.add_binary(f"medium{tag}")
-        # u = 1 as soon as any column of M is positive (integrality does the rest): one row
-        # instead of one per type of M
-        used_m = {var.index: 1.0 for *_, var in medium}
-        used_m[u.index] = -float(self.problem.max_stages)
-        md.add(Constraint(used_m, -math.inf, 0.0), f"medium_def{tag}")
-        for _, _, _, ends, var in medium:
-            if ends:
-                full[var.index] = -1.0
-        full[u.index] = 2.0
-        self.medium.append((u, frozenset(e_[4].index for e_ in medium)))
+        # an end stage of M compatible with no other stage of M (no middle one, not the other
+        # end) is a run of its own, with one boundary edge into L
+        fastest: dict[tuple[str, int], float] = {}  # (role letter n/e/h, island) -> fastest T in M
+        for _, t, j, _, var in medium:
+            key = (var.name[0], j)
+            fastest[key] = min(t, fastest.get(key, math.inf))
+        partner = {"e": ("n", "h"), "h": ("n", "e")}
+        mids_m: dict[int, float] = {}
+        for _, t, j, ends, var in medium:
+            if not ends:
+                mids_m[var.index] = 1.0
+                continue
+            alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items() if r in partner[var.name[0]])
+            full[var.index] = 1.0 if alone else -1.0
+        if mids_m:
+            # u = 1 as soon as a middle stage of M is used (integrality does the rest): one row
+            # instead of one per type of M
+            u = md.add_binary(f"medium{tag}")
+            md.add(Constraint({**mids_m, u.index: -float(self.problem.max_stages)}, -math.inf, 0.0), f"medium_def{tag}")
+            full[u.index] = 2.0
+            self.medium.append((u, frozenset(mids_m)))
         md.add(Constraint(full, -math.inf, 0.0), f"neighbours_medium{tag}")
 
     def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce,  # type: ignore[no-untyped-def]
