@@ -37,8 +37,6 @@ ROLES = ("first", "mid", "last")
 NEIGHBOUR_THRESHOLDS = 8
 #: also one neighbour row per island and threshold (the heavy stages of that island alone)
 NEIGHBOUR_PER_ISLAND = True
-#: also the rows that make the stages compatible with no heavy stage take edges from L (M runs)
-NEIGHBOUR_MEDIUM_RUNS = True
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 8
 
@@ -504,7 +502,7 @@ class AggregatedMIP:
                        f"tail_mid[{si}]")
         if self.lower_tail_s is not None:
             self._tail_window_rows(md, Y, sent_ub, fl, ce, out_min,
-                                   successors=not gpipe and m > 2 and math.isfinite(hi))
+                                   successors=o.order_rows and not gpipe and m > 2 and math.isfinite(hi))
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
@@ -535,7 +533,7 @@ class AggregatedMIP:
             return
         taken = {id(e_) for e_ in heavy} | {id(e_) for e_ in light}
         medium = [e_ for e_ in entries if id(e_) not in taken]
-        if not NEIGHBOUR_MEDIUM_RUNS or not medium:
+        if not self.options.order_rows or not medium:
             return
         tag = name[len("neighbours"):]
         # an end stage of M compatible with no other stage of M (no middle one, not the other
@@ -612,7 +610,7 @@ class AggregatedMIP:
             for tail, bwd, vi, out in not_last:
                 # cover if its tail is at most theta; else downstream of k (or k itself), so its
                 # out-link is not cover
-                row[vi] = bwd if tail <= theta else -out
+                row[vi] = bwd if tail <= theta else (-out if self.options.order_rows else 0.0)
             md.add(Constraint(row, float(fl(least) - sent_ub.const + succ_term.const), math.inf), f"tail_window_Y[{q}]")
 
     def _successor_term(self, md: LinearModel, entries: list, theta_min: float,  # type: ignore[type-arg]

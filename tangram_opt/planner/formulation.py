@@ -67,6 +67,11 @@ class FormulationOptions:
     mccormick_cuts: bool = True  # aggregated model: per-candidate McCormick cut on Tmax * stages
     cutoff_s: float | None = None  # objective of a known plan: prunes layer caps
     tick_s: float = 1e-6
+    #: aggregated model: the rows that price more of the stage order than pairs of neighbours
+    #: (medium runs; the successors and out-links of tail windows). They only tighten bounds, and
+    #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
+    #: without them
+    order_rows: bool = True
 
 
 @dataclass(slots=True)

@@ -270,12 +270,12 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
 class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
-                 knapsack: bool = True,
+                 knapsack: bool = True, order_rows: bool = True,
                  on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
-        self.knapsack = knapsack
+        self.knapsack, self.order_rows = knapsack, order_rows
         self.windows = windows and formulation == "aggregated" and ctx.space.schedule == "1f1b"
         self.warm_start, self.on_progress, self.t0 = warm_start, on_progress, t0
         self.events: list[SearchEvent] = []
@@ -410,7 +410,7 @@ class _BranchAndBound:
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
-                                warm_start=False,
+                                warm_start=False, order_rows=False,
                                 on_progress=None, t0=time.perf_counter())
         try:
             inner.run()
@@ -467,7 +467,8 @@ class _BranchAndBound:
               tail_hi: float = math.inf) -> AggregatedMIP | PositionalMIP | None:
         cutoff = self.inc_s if math.isfinite(self.inc_s) else None
         ref = self.inc_s if math.isfinite(self.inc_s) else sub.lower_bound_s * 2
-        fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref))
+        fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref),
+                                   order_rows=self.order_rows)
         if self.formulation == "positional":
             return PositionalMIP(sub.problem, fopts).build()
         if sub.types is None:

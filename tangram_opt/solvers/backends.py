@@ -45,6 +45,9 @@ class SolveStatus(Enum):
         return self in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
 
 
+#: HiGHS presolve for LP relaxations ("off": see the comment in HighsBackend.solve)
+LP_PRESOLVE = "off"
+
 @dataclass(frozen=True, slots=True)
 class ProgressPoint:
     """Incumbent and dual bound known ``elapsed_s`` seconds into a solve (either may be None)."""
@@ -407,7 +410,7 @@ class HighsBackend(Backend):
             # the search's window relaxations are small and already tight in their bounds; HiGHS's
             # presolve cost more than it saved on them (six b = 8 windows of the 512-GPU
             # Llama-3-70B scaling case: 1.59 s -> 1.23 s, same optima)
-            h.setOptionValue("presolve", "off")
+            h.setOptionValue("presolve", LP_PRESOLVE)
         traj = _Trajectory(options)
         h.cbMipImprovingSolution.subscribe(lambda e: traj.record(
             e.data_out.objective_function_value, e.data_out.mip_dual_bound, e.data_out.running_time))
