@@ -572,8 +572,9 @@ class AggregatedMIP:
 
         With ``successors`` (1F1B, m > 2, a finite window), the stages with a tail above the window
         that are also too slow to neighbour each other within the window (set S) each have a
-        successor outside S, downstream of k as well: a middle stage compatible with S, unless it
-        is the last stage or another stage with a large tail (already counted). Continuous
+        successor outside S, downstream of k as well: the last stage, a middle stage with a tail
+        above theta_min (no credit taken for it: it may be cover in some rows), or a middle stage
+        with a smaller tail compatible with S, which is cover in every row. Continuous
         ``succ[s]`` (at most n[s]) count the middle stages of type s with small tails serving as
         such successors, and each takes its backward and out-link off the cover of every row."""
         p = self.problem
@@ -644,7 +645,7 @@ class AggregatedMIP:
             elif role == "last" and not s:
                 need.add_term(var, -1)
             elif role == "mid" and tail > theta_min:
-                need.add_term(var, -1)  # a successor with a large tail is counted by every row already
+                need.add_term(var, -1)  # may be a successor, but earns no credit (no variable)
             elif role == "mid" and t.time_s <= limit[isl(t)]:
                 z = md.add_var(f"succ[{var.name}]", 0, var.ub)
                 md.add(z <= var, f"succ_ub[{var.name}]")
