@@ -433,8 +433,7 @@ class AggregatedMIP:
             # neighbour, any other stage two): 2 n_H + e_H + h_H <= 2 n_L + e_L + h_L. The sets H
             # are {w > theta} with w = T + cmin_i (cmin_i: the cheapest link touching the stage's
             # island) and theta >= hi, which makes them pairwise incompatible since c_ab >= cmin.
-            cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
-            cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+            cmin, cpair = self._link_minima()
             entries: list[tuple[float, float, int, int, Var]] = []  # (w, T, island, ends, var)
             for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
                 ends = 0 if group is self.n else 1
@@ -507,6 +506,14 @@ class AggregatedMIP:
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
 
+    def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+        """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
+        cheaper direction of the link between islands i and j."""
+        p = self.problem
+        islands = sorted(p.island_gpus)
+        cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+        return {i: min(cpair[i, j] for j in islands) for i in islands}, cpair
+
     def _neighbour_row(self, md: LinearModel, entries: list, heavy: list, light: list,  # type: ignore[type-arg]
                        sandwich: dict[int, float] | None, name: str, cpair: dict[tuple[int, int], float],
                        hi: float) -> None:
@@ -538,17 +545,20 @@ class AggregatedMIP:
         tag = name[len("neighbours"):]
         # an end stage of M compatible with no other stage of M (no middle one, not the other
         # end) is a run of its own, with one boundary edge into L
-        fastest: dict[tuple[str, int], float] = {}  # (role letter n/e/h, island) -> fastest T in M
-        for _, t, j, _, var in medium:
-            key = (var.name[0], j)
+        first_cols = {v.index for v in self.e.values()}
+        role = lambda var, ends: "mid" if not ends else "first" if var.index in first_cols else "last"  # noqa: E731
+        fastest: dict[tuple[str, int], float] = {}  # (role, island) -> fastest time in M
+        for _, t, j, ends, var in medium:
+            key = (role(var, ends), j)
             fastest[key] = min(t, fastest.get(key, math.inf))
-        partner = {"e": ("n", "h"), "h": ("n", "e")}
+        partner = {"first": ("mid", "last"), "last": ("mid", "first")}
         mids_m: dict[int, float] = {}
         for _, t, j, ends, var in medium:
             if not ends:
                 mids_m[var.index] = 1.0
                 continue
-            alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items() if r in partner[var.name[0]])
+            alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items()
+                        if r in partner[role(var, ends)])
             full[var.index] = 1.0 if alone else -1.0
         if mids_m:
             # u = 1 as soon as a middle stage of M is used (integrality does the rest): one row
@@ -624,8 +634,7 @@ class AggregatedMIP:
         lower = self.lower_tail_s
         islands = sorted(p.island_gpus)
         isl = lambda t: cands[t.candidate].island  # noqa: E731
-        cmin = {i: min(min(p.p2p_s[i, j], p.p2p_s[j, i]) for j in islands) for i in islands}
-        cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+        cmin, cpair = self._link_minima()
         in_s = [tail > lower and t.time_s + cmin[isl(t)] > hi * (1 + 1e-9) for tail, _, _, _, t, _ in entries]
         if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
             return LinExpr()

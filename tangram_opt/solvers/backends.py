@@ -48,6 +48,7 @@ class SolveStatus(Enum):
 #: HiGHS presolve for LP relaxations ("off": see the comment in HighsBackend.solve)
 LP_PRESOLVE = "off"
 
+
 @dataclass(frozen=True, slots=True)
 class ProgressPoint:
     """Incumbent and dual bound known ``elapsed_s`` seconds into a solve (either may be None)."""
