@@ -85,6 +85,10 @@ def _check_every_plan(ctx: PlanningContext, used: Counter | None = None) -> tupl
                 if used is not None:
                     used["successors"] += any(x[z.index] > 0 for z in mip.succ.values())
                     used["medium"] += any(x[u.index] > 0.5 for u, _ in mip.medium)
+                    edges = next((c for c in mip.model.constraints if c.name == "successor_edges"), None)
+                    # tight: every edge of S beyond the first member's left one goes to a counted stage
+                    used["successor_edges"] += edges is not None and \
+                        sum(v * x[i] for i, v in edges.coefs.items()) > edges.ub - 0.5
                 if tail_lo is None and math.isinf(tail_hi):
                     checked += 1
                 else:
@@ -129,7 +133,7 @@ def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
     assert plans >= 20
     assert tail_windows >= plans  # the tail-window rows are exercised, not only the period window
     # and so are the order-dependent rows: successor counts and medium runs
-    assert used["successors"] >= 20 and used["medium"] >= 20, used
+    assert used["successors"] >= 20 and used["medium"] >= 20 and used["successor_edges"] >= 20, used
 
 
 def test_support_class_best_is_the_exhaustive_best_of_its_class():

@@ -584,9 +584,13 @@ class AggregatedMIP:
         that are also too slow to neighbour each other within the window (set S) each have a
         successor outside S, downstream of k as well: the last stage, a middle stage with a tail
         above theta_min (no credit taken for it: it may be cover in some rows), or a middle stage
-        with a smaller tail compatible with S, which is cover in every row. Continuous
-        ``succ[s]`` (at most n[s]) count the middle stages of type s with small tails serving as
-        such successors, and each takes its backward and out-link off the cover of every row."""
+        with a smaller tail compatible with S, which is cover in every row. Counting edges instead
+        of successors: every edge of S but the left one of its most upstream member goes to a
+        stage downstream of that member, at most two per middle stage (one for the last stage, or
+        for a middle stage too slow to sit between two members of S). Continuous ``succ[s]`` (at
+        most n[s]) count the middle stages of type s with small tails next to a member of S and
+        downstream of the first one (rows ``successors`` and ``successor_edges``), and each takes
+        its backward and out-link off the cover of every row."""
         p = self.problem
         cands = p.candidates
         entries = []  # (tail, backward ticks rounded up, role, var, type, type index)
@@ -644,24 +648,39 @@ class AggregatedMIP:
                 t_min[isl(t)] = min(t.time_s, t_min.get(isl(t), math.inf))
         slack = 2 * hi * 1e-9
         limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+        # a middle stage between two members of S forms a block of three with them
+        sandwich = ({j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
+                            for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
+                    if self.problem.num_micro_batches > 3 else None)
         need = LinExpr()  # members of S in the middle, less the successors that need no variable
+        edges = LinExpr()  # edges of S beyond the first member's left one, less those of free neighbours
+        edges.const = -1.0
         term = LinExpr()
         for s, (tail, _, role, var, t, si) in zip(in_s, entries):
             if s:
                 self.succ_heavy.add((role, si))
+                edges.add_term(var, 2 if role == "mid" else 1)
+            compatible = t.time_s <= limit[isl(t)]
+            two = 1 if sandwich is not None and t.time_s > sandwich[isl(t)] else 2
             if role == "mid" and s:
                 need.add_term(var, 1)
             elif role == "last" and not s:
                 need.add_term(var, -1)
+                if compatible:
+                    edges.add_term(var, -1)
             elif role == "mid" and tail > theta_min:
                 need.add_term(var, -1)  # may be a successor, but earns no credit (no variable)
-            elif role == "mid" and t.time_s <= limit[isl(t)]:
+                if compatible:
+                    edges.add_term(var, -two)
+            elif role == "mid" and compatible:
                 z = md.add_var(f"succ[{var.name}]", 0, var.ub)
                 md.add(z <= var, f"succ_ub[{var.name}]")
                 self.succ[si] = z
                 need.add_term(z, -1)
+                edges.add_term(z, -two)
                 term.add_term(z, fl(t.bwd_s) + out_min[isl(t)])
         md.add(need <= 0, "successors")
+        md.add(edges <= 0, "successor_edges")
         return term
 
     # --- solutions -----------------------------------------------------------------------
@@ -719,9 +738,12 @@ class AggregatedMIP:
         keys.append(("last", la))
         for u, cols in self.medium:
             vals[u] = 1.0 if any(vals[self.model.vars[i]] > 0.5 for i in cols) else 0.0
-        for k, nxt in zip(keys, keys[1:]):  # successors of the set S that the succ[s] count
-            if k in self.succ_heavy and nxt[0] == "mid" and nxt[1] in self.succ:
-                vals[self.succ[nxt[1]]] += 1.0
+        # succ[s]: the middle stages of type s next to a member of S, downstream of the first one
+        first_s = next((k for k, key in enumerate(keys) if key in self.succ_heavy), len(keys))
+        for k in range(first_s + 1, len(keys) - 1):
+            role, si = keys[k]
+            if si in self.succ and (keys[k - 1] in self.succ_heavy or keys[k + 1] in self.succ_heavy):
+                vals[self.succ[si]] += 1.0
         for st_a, st_b in zip(stages, stages[1:]):
             key = (cands[st_a.candidate].island, cands[st_b.candidate].island)
             vals[self.a[key]] += 1.0
