@@ -167,3 +167,42 @@ def test_support_class_best_is_the_exhaustive_best_of_its_class():
         got = support_class_best(problem, mip, x)
         assert got is not None
         assert abs(got[0] - best_of[key]) <= 1e-12 * best_of[key], key
+
+
+def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
+    # windows inherit the stage types their parent's LP fixed to 0: no plan of the window that
+    # beats the cutoff may use one of them, or the children would lose it for good
+    from tangram_opt.solvers.backends import lp_relaxation_bound
+
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    plans = [(choices_timing(problem, list(p)).step_time_s, p) for p in enumerate_plans(problem) if len(p) >= 2]
+    times = sorted(t for t, _ in plans)
+    checked = fixed_total = 0
+    for cutoff in (times[len(times) // 20], times[len(times) // 5], times[len(times) // 2]):
+        types = enumerate_types(problem, cutoff)
+        mip = AggregatedMIP(problem, FormulationOptions(cutoff_s=cutoff, tick_s=_tick_for(cutoff)), all_types=types,
+                            upper_tmax_s=cutoff / problem.num_micro_batches).build()
+        lp = lp_relaxation_bound(mip.model, cutoff=cutoff / mip.options.tick_s)
+        assert lp is not None
+        fixed = mip.fixed_types()
+        fixed_total += len(fixed)
+        slack = rounding_ticks(problem.num_micro_batches) * mip.options.tick_s
+        for t, plan in plans:
+            if t >= cutoff - slack or not _types_of(mip, plan):
+                continue
+            roles = ["first"] + ["mid"] * (len(plan) - 2) + ["last"]
+            used = {(role, st_.candidate, tuple(sorted({k: st_.layers.get(k, 0) for k in problem.kinds}.items())))
+                    for role, st_ in zip(roles, plan)}
+            assert not used & fixed, f"a plan of {t:.4f} s (< cutoff {cutoff:.4f} s) uses a fixed type"
+            checked += 1
+        # a child window built without the fixed types still holds every such plan
+        child = AggregatedMIP(problem, FormulationOptions(cutoff_s=cutoff, tick_s=_tick_for(cutoff)), all_types=types,
+                              upper_tmax_s=cutoff / problem.num_micro_batches, excluded_types=fixed).build()
+        assert sum(len(v) for v in child.types.values()) == sum(len(v) for v in mip.types.values()) - len(fixed)
+    assert checked >= 20 and fixed_total >= 10, (checked, fixed_total)

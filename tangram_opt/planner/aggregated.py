@@ -188,6 +188,9 @@ class AggregatedMIP:
     #: whose successors they count (``_successor_term``)
     succ: dict[int, Var] = field(default_factory=dict)
     succ_heavy: set[tuple[str, int]] = field(default_factory=set)
+    #: (role, candidate, layers) of stage types left out: an enclosing window's LP showed that no
+    #: plan better than the cutoff uses them (reduced-cost fixing), and this window is a subset
+    excluded_types: frozenset[tuple[str, int, tuple]] = frozenset()
     #: neighbour rows: binary "some stage of M is used" and the columns (n, e, h) of M
     medium: list[tuple[Var, frozenset[int]]] = field(default_factory=list)
 
@@ -202,8 +205,9 @@ class AggregatedMIP:
         types = self.all_types if self.all_types is not None else enumerate_types(p, o.cutoff_s)
         gpipe_ = p.schedule == "gpipe"
         hi = self.upper_tmax_s
+        skip = self.excluded_types
         self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)
-                             and t.tail_s <= self.upper_tail_s]
+                             and t.tail_s <= self.upper_tail_s and (role, t.candidate, t.layers) not in skip]
                       for role, ts in types.items()}
         if self.lower_tail_s is not None and not any(t.tail_s > self.lower_tail_s for ts in self.types.values()
                                                      for t in ts):
@@ -682,6 +686,18 @@ class AggregatedMIP:
         md.add(need <= 0, "successors")
         md.add(edges <= 0, "successor_edges")
         return term
+
+    def fixed_types(self) -> frozenset[tuple[str, int, tuple]]:
+        """The excluded stage types plus those whose columns are fixed to 0 in the model (after
+        reduced-cost fixing): valid exclusions for every window inside this one."""
+        ub = lambda var: self.model.vars[var.index].ub  # noqa: E731
+        fixed = set(self.excluded_types)
+        for role, group in (("first", self.e), ("mid", self.n), ("last", self.h)):
+            for si, var in group.items():
+                if ub(var) == 0:
+                    t = self.types[role][si]
+                    fixed.add((role, t.candidate, t.layers))
+        return frozenset(fixed)
 
     # --- solutions -----------------------------------------------------------------------
     def stage_multiset(self, values: Sequence[float]) -> tuple[StageType, list[StageType], StageType]:

@@ -115,6 +115,8 @@ class _Node:
     #: window on the largest step tail of any stage: (tail_lo, tail_hi]; None: no lower edge
     tail_lo_s: float | None = field(default=None, compare=False)
     tail_hi_s: float = field(default=math.inf, compare=False)
+    #: stage types no plan of this window better than the incumbent uses (``AggregatedMIP.fixed_types``)
+    excluded_types: frozenset = field(default=frozenset(), compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"
@@ -464,7 +466,7 @@ class _BranchAndBound:
         sub.info["knapsack_plans"] = found
 
     def build(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
-              tail_hi: float = math.inf) -> AggregatedMIP | PositionalMIP | None:
+              tail_hi: float = math.inf, excluded: frozenset = frozenset()) -> AggregatedMIP | PositionalMIP | None:
         cutoff = self.inc_s if math.isfinite(self.inc_s) else None
         ref = self.inc_s if math.isfinite(self.inc_s) else sub.lower_bound_s * 2
         fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref),
@@ -475,14 +477,15 @@ class _BranchAndBound:
             sub.types = enumerate_types(sub.problem, cutoff)
             sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
         mip = AggregatedMIP(sub.problem, fopts, all_types=sub.types, lower_tmax_s=lo, upper_tmax_s=hi,
-                            lower_tail_s=tail_lo, upper_tail_s=tail_hi)
+                            lower_tail_s=tail_lo, upper_tail_s=tail_hi, excluded_types=excluded)
         mip.build()
         return None if mip.empty else mip
 
     def evaluate(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
-                 tail_hi: float = math.inf) -> _Node | None:
-        """Build the window's model and bound it by its LP relaxation (None: nothing in it)."""
-        mip = self.build(sub, lo, hi, tail_lo, tail_hi)
+                 tail_hi: float = math.inf, excluded: frozenset = frozenset()) -> _Node | None:
+        """Build the window's model and bound it by its LP relaxation (None: nothing in it).
+        ``excluded``: stage types an enclosing window's LP fixed to 0 (reduced costs)."""
+        mip = self.build(sub, lo, hi, tail_lo, tail_hi, excluded)
         sub.info["windows"] += 1
         if mip is None:
             return None
@@ -499,7 +502,9 @@ class _BranchAndBound:
                                                           lp * mip.options.tick_s - slack)
         if lp is not None and math.isinf(lp):
             return None
-        return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip, tail_lo_s=tail_lo, tail_hi_s=tail_hi)
+        fixed = mip.fixed_types() if isinstance(mip, AggregatedMIP) else frozenset()
+        return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip, tail_lo_s=tail_lo, tail_hi_s=tail_hi,
+                     excluded_types=fixed)
 
     def root(self, sub: _Sub) -> None:
         if self.pruned(sub.lower_bound_s):
@@ -575,7 +580,7 @@ class _BranchAndBound:
                 return
             windows = [(node.lo_s, hi, node.tail_lo_s, theta), (node.lo_s, hi, theta, node.tail_hi_s)]
         for w in windows:
-            child = self.evaluate(sub, *w)
+            child = self.evaluate(sub, *w, excluded=node.excluded_types)
             if child is None:
                 self.close(node, self.inc_s)  # nothing in this half beats the incumbent
                 continue
@@ -595,7 +600,8 @@ class _BranchAndBound:
             # the incumbent improved since this window's model was built: rebuild it with the new
             # cutoff (tighter time bounds, more columns fixed by reduced costs); MIP time dwarfs this
             hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
-            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s) if hi > node.lo_s else None
+            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s,
+                                  excluded=node.excluded_types) if hi > node.lo_s else None
             if fresh is None or self.pruned(fresh.bound_s):
                 self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
