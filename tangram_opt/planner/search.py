@@ -39,7 +39,7 @@ from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
 
 #: a node whose window is at most this wide (hi / lo) goes to the MIP backend instead of being split
-LEAF_WINDOW_RATIO = 1.03
+LEAF_WINDOW_RATIO = 1.01
 #: above this many candidates (summed over pipeline micro-batch sizes) a restricted search on the
 #: fastest RESTRICTED_PRIMAL_KEEP candidates per island and size first finds a good incumbent,
 #: using RESTRICTED_PRIMAL_SHARE of the time
