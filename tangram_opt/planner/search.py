@@ -46,6 +46,8 @@ LEAF_WINDOW_RATIO = 1.01
 RESTRICTED_PRIMAL_CANDIDATES = 3000
 RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
+#: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
+RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
 #: a node is also split on the largest step tail of its stages (``_BranchAndBound.split``) until
 #: that window is at most this fraction of the incumbent wide
 TAIL_LEAF_FRACTION = 0.0025
@@ -272,9 +274,10 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
 class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
-                 knapsack: bool = True, order_rows: bool = True,
+                 knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
                  on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
+        self.leaf_ratio = LEAF_WINDOW_RATIO if leaf_ratio is None else leaf_ratio
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
         self.knapsack, self.order_rows = knapsack, order_rows
@@ -366,7 +369,7 @@ class _BranchAndBound:
                 heapq.heappush(self.open, node)
                 break
             if self.windows and math.isfinite(node.hi_s) and (
-                    node.hi_s / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO or self.tail_split_point(node) is not None):
+                    node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio or self.tail_split_point(node) is not None):
                 self.split(node)
             else:
                 self.solve_leaf(node)
@@ -412,7 +415,7 @@ class _BranchAndBound:
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
-                                warm_start=False, order_rows=False,
+                                warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
                                 on_progress=None, t0=time.perf_counter())
         try:
             inner.run()
@@ -559,7 +562,7 @@ class _BranchAndBound:
 
     def split(self, node: _Node) -> None:
         """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
-        wider than LEAF_WINDOW_RATIO, then on the largest step tail (arithmetic midpoint).
+        wider than ``leaf_ratio`` (LEAF_WINDOW_RATIO), then on the largest step tail (arithmetic midpoint).
         Restricting the tail helps the LP for the same reason restricting the time does: a type
         outside the window cannot be used "a little", and the window's lower edge forces a stage
         whose tail needs cover upstream (``AggregatedMIP._tail_window_rows``). Time first: the
@@ -569,7 +572,7 @@ class _BranchAndBound:
         if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
             self.close(node, self.inc_s)
             return
-        if hi / max(node.lo_s, 1e-30) > LEAF_WINDOW_RATIO:
+        if hi / max(node.lo_s, 1e-30) > self.leaf_ratio:
             mid = math.sqrt(node.lo_s * hi)
             windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s), (mid, hi, node.tail_lo_s, node.tail_hi_s)]
         else:
