@@ -96,3 +96,34 @@ def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
                 used[c.island] = used.get(c.island, 0) + c.gpus
             assert all(g <= problem.island_gpus[i] for i, g in used.items())
             assert all(t.tolerance >= min_tol for t in stages)
+
+
+def test_cover_with_an_island_cap_keeps_that_island_below_it():
+    # separator covers (search.knapsack_plans): one island capped lower, so its stages can sit
+    # between the other island's stages at the full cap
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=4, gpus_per_node=8, nic_gbps=3200),
+                                     dict(name="a100", gpu="A100-80", nodes=4, gpus_per_node=8, nic_gbps=1600)])
+    ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
+    problem = ctx.problem(8)
+    sack = LayerKnapsack(problem, enumerate_types(problem))
+    cap = sack.bottleneck_bound_s() * 1.08
+    found = 0
+    for island in sorted(problem.island_gpus):
+        for low in (0.7, 0.85, 0.95):
+            cover = sack.cover(cap, 0, {island: cap * low})
+            if cover is None:
+                continue
+            found += 1
+            stages = [cover[0], *cover[1], cover[2]]
+            assert sum(t.num_layers for t in stages) == problem.total_layers
+            for t in stages:
+                c = problem.candidates[t.candidate]
+                assert t.time_s <= (cap * low if c.island == island else cap) * (1 + 1e-9)
+            used: dict[int, int] = {}
+            for t in stages:
+                c = problem.candidates[t.candidate]
+                used[c.island] = used.get(c.island, 0) + c.gpus
+            assert all(g <= problem.island_gpus[i] for i, g in used.items())
+            # the capped island does hold stages (else the cap was not exercised)
+            assert any(problem.candidates[t.candidate].island == island for t in stages)
+    assert found >= 2

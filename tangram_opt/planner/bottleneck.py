@@ -113,12 +113,13 @@ class LayerKnapsack:
         ok = np.nonzero(arr <= gpus)[0]
         return int(ok[-1]) if len(ok) else -1  # -1: this role combination does not fit at all
 
-    def _best_placement(self, lam: float, min_tol: int = 0
+    def _best_placement(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None
                         ) -> tuple[dict[int, tuple[bool, bool]], dict[int, int], dict] | None:
-        """Islands of the first and last stage that let stages within ``lam`` hold the most blocks,
-        with each island's reach; None if no placement holds all ``L``."""
+        """Islands of the first and last stage that let stages within ``lam`` (``caps[i]`` on
+        island i where given) hold the most blocks, with each island's reach; None if no placement
+        holds all ``L``."""
         islands = sorted(self.problem.island_gpus)
-        tables = {i: self._tables(i, lam, min_tol) for i in islands}
+        tables = {i: self._tables(i, (caps or {}).get(i, lam), min_tol) for i in islands}
         best = None
         for fi in islands:
             for la in islands:
@@ -149,17 +150,20 @@ class LayerKnapsack:
                 lo = mid + 1
         return float(times[lo])
 
-    def cover(self, lam: float, min_tol: int = 0) -> tuple[StageType, list[StageType], StageType] | None:
+    def cover(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None
+              ) -> tuple[StageType, list[StageType], StageType] | None:
         """A multiset of stages no slower than ``lam`` holding every block (first, middles, last),
         or None; a primal heuristic. Each island holds a share of the blocks proportional to its
         reach; stages come from the knapsack's backtracking (types tolerating >= ``min_tol``
         micro-batches in flight: with ``min_tol`` >= the stage count every order fits memory) and
         are then trimmed to exactly ``L`` blocks (a stage's candidate with fewer blocks is no
-        slower). Memory order is not checked here."""
-        placed = self._best_placement(lam, min_tol)
+        slower). Memory order is not checked here. ``caps[i]``, where given, replaces ``lam`` on
+        island i: a lower cap there yields small stages that can sit between large ones."""
+        placed = self._best_placement(lam, min_tol, caps)
         if placed is None:
             return None
         roles, reach, tables = placed
+        cap = lambda i: (caps or {}).get(i, lam)  # noqa: E731
         total = sum(reach.values())
         share = {i: reach[i] * self.L // total if total else 0 for i in reach}
         for i in sorted(reach, key=lambda i: reach[i] - share[i], reverse=True):  # hand out what rounding left
@@ -176,11 +180,11 @@ class LayerKnapsack:
                     if ell <= 0:
                         break
                     l = int(pick[ell])
-                    mids.append(self._stage(i, "mid", l, lam, min_tol))
+                    mids.append(self._stage(i, "mid", l, cap(i), min_tol))
                     ell -= l
                     continue
                 l = int(pick[ell])
-                st = self._stage(i, role, l, lam, min_tol)
+                st = self._stage(i, role, l, cap(i), min_tol)
                 if role == "first":
                     first = st
                 else:

@@ -13,6 +13,7 @@ solved node, so the reported gap is valid for the whole plan space.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -68,7 +69,7 @@ KNAPSACK_PLAN_SPAN = 1.1
 KNAPSACK_PLAN_CAPS = 12
 KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
 KNAPSACK_PLAN_MIN_S = 0.2
-KNAPSACK_PLAN_SHARE = 0.01
+KNAPSACK_PLAN_SHARE = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,11 +450,18 @@ class _BranchAndBound:
         caps = times[::max(1, len(times) // KNAPSACK_PLAN_CAPS)]
         seen: set[tuple] = set()
         found = 0
+        p2p = sub.problem.p2p_s
+        islands = sorted(sub.problem.island_gpus)
+        # separators: island j capped so that its stages may neighbour a stage at the full cap
+        # across the cheapest link into j (T_a + T_b + 2 c <= 2 lam), so large stages elsewhere
+        # need not neighbour each other and pay their link
+        link_in = {j: min(min(p2p[i, j], p2p[j, i]) for i in islands if i != j) for j in islands} \
+            if len(islands) > 1 else {}
         for lam in caps:
-            for tol in KNAPSACK_PLAN_TOLERANCES:
+            for tol, sep in itertools.product(KNAPSACK_PLAN_TOLERANCES, [None, *link_in]):
                 if time.perf_counter() > deadline:
                     break
-                cover = sack.cover(float(lam), tol)
+                cover = sack.cover(float(lam), tol, None if sep is None else {sep: float(lam) - 2 * link_in[sep]})
                 if cover is None:
                     continue
                 first, mids, last = cover
