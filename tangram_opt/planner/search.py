@@ -441,6 +441,7 @@ class _BranchAndBound:
         minimum memory tolerances, take the stages the covering knapsack picks, order them for
         memory and neighbours (``try_order``), polish and score them exactly. Balanced by
         construction, these plans are often better than what the window MIPs find in their time.
+        Each cap is tried as is and with one island capped lower (separator covers).
         """
         budget = min(self.remaining(), max(KNAPSACK_PLAN_MIN_S, KNAPSACK_PLAN_SHARE * self.time_limit_s))
         if budget <= 0:
@@ -453,7 +454,7 @@ class _BranchAndBound:
         p2p = sub.problem.p2p_s
         islands = sorted(sub.problem.island_gpus)
         # separators: island j capped so that its stages may neighbour a stage at the full cap
-        # across the cheapest link into j (T_a + T_b + 2 c <= 2 lam), so large stages elsewhere
+        # across j's cheapest link to another island (T_a + T_b + 2 c <= 2 lam), so large stages elsewhere
         # need not neighbour each other and pay their link
         link_in = {j: min(min(p2p[i, j], p2p[j, i]) for i in islands if i != j) for j in islands} \
             if len(islands) > 1 else {}
