@@ -24,6 +24,14 @@ def _slowest_stage_s(problem, choices) -> float:
     return max(st.fwd_s + st.bwd_s for st in choices_timing(problem, list(choices)).stages)
 
 
+def _within_gpu_budgets(problem, stages) -> bool:
+    used: dict[int, int] = {}
+    for t in stages:
+        c = problem.candidates[t.candidate]
+        used[c.island] = used.get(c.island, 0) + c.gpus
+    return all(g <= problem.island_gpus[i] for i, g in used.items())
+
+
 @st.composite
 def instances(draw):
     n_groups = draw(st.integers(1, 3))
@@ -73,12 +81,17 @@ def test_no_multi_stage_plan_gives_an_infinite_bound():
     assert knapsack_bottleneck_s(problem, enumerate_types(problem)) == math.inf
 
 
-def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
+def _h100_a100_knapsack():
+    """Llama-3-70B on 32 H100 + 32 A100-80, pipeline micro-batch 8: the problem and its knapsack."""
     cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=4, gpus_per_node=8, nic_gbps=3200),
                                      dict(name="a100", gpu="A100-80", nodes=4, gpus_per_node=8, nic_gbps=1600)])
     ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
     problem = ctx.problem(8)
-    sack = LayerKnapsack(problem, enumerate_types(problem))
+    return problem, LayerKnapsack(problem, enumerate_types(problem))
+
+
+def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
+    problem, sack = _h100_a100_knapsack()
     knap = sack.bottleneck_bound_s()
     for cap in (knap, knap * 1.05):
         for min_tol in (0, 8):
@@ -90,22 +103,14 @@ def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
             stages = [first, *mids, last]
             assert sum(t.num_layers for t in stages) == problem.total_layers
             assert all(t.time_s <= cap * (1 + 1e-9) and t.num_layers >= 1 for t in stages)
-            used: dict[int, int] = {}
-            for t in stages:
-                c = problem.candidates[t.candidate]
-                used[c.island] = used.get(c.island, 0) + c.gpus
-            assert all(g <= problem.island_gpus[i] for i, g in used.items())
+            assert _within_gpu_budgets(problem, stages)
             assert all(t.tolerance >= min_tol for t in stages)
 
 
 def test_cover_with_an_island_cap_keeps_that_island_below_it():
     # separator covers (search.knapsack_plans): one island capped lower, so its stages can sit
     # between the other island's stages at the full cap
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=4, gpus_per_node=8, nic_gbps=3200),
-                                     dict(name="a100", gpu="A100-80", nodes=4, gpus_per_node=8, nic_gbps=1600)])
-    ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
-    problem = ctx.problem(8)
-    sack = LayerKnapsack(problem, enumerate_types(problem))
+    problem, sack = _h100_a100_knapsack()
     cap = sack.bottleneck_bound_s() * 1.08
     found = 0
     for island in sorted(problem.island_gpus):
@@ -119,11 +124,7 @@ def test_cover_with_an_island_cap_keeps_that_island_below_it():
             for t in stages:
                 c = problem.candidates[t.candidate]
                 assert t.time_s <= (cap * low if c.island == island else cap) * (1 + 1e-9)
-            used: dict[int, int] = {}
-            for t in stages:
-                c = problem.candidates[t.candidate]
-                used[c.island] = used.get(c.island, 0) + c.gpus
-            assert all(g <= problem.island_gpus[i] for i, g in used.items())
+            assert _within_gpu_budgets(problem, stages)
             # the capped island does hold stages (else the cap was not exercised)
             assert any(problem.candidates[t.candidate].island == island for t in stages)
     assert found >= 2
