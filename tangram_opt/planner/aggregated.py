@@ -454,16 +454,9 @@ class AggregatedMIP:
                 t_min = {}  # fastest heavy stage per island: compatibility with H is compatibility with it
                 for _, t, i, _, _ in heavy:
                     t_min[i] = min(t, t_min.get(i, math.inf))
-                # a stage on island j is compatible with H iff its time is at most limit[j]
-                limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+                limit, sandwich = self._compatible_limits(t_min, cpair)
                 light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and e_[1] <= limit[e_[2]]]
-                # a middle stage between two heavy ones forms a block of three with them, so it
-                # can have two heavy neighbours only if T <= 3 hi - T_h1 - T_h2 - 2 c1 - 2 c2
-                # ("very light"); any other light middle stage has at most one
-                sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
-                                   for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
-                self._neighbour_row(md, entries, heavy, light, sandwich if m > 3 else None, f"neighbours[{q}]", cpair,
-                                    hi + slack / 2)
+                self._neighbour_row(md, entries, heavy, light, sandwich, f"neighbours[{q}]", cpair, hi + slack / 2)
                 if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
                     continue
                 # any subset of H is pairwise incompatible too: the heavy stages of one island i
@@ -517,6 +510,22 @@ class AggregatedMIP:
         islands = sorted(p.island_gpus)
         cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
         return {i: min(cpair[i, j] for j in islands) for i in islands}, cpair
+
+    def _compatible_limits(self, t_min: dict[int, float], cpair: dict[tuple[int, int], float]
+                           ) -> tuple[dict[int, float], dict[int, float] | None]:
+        """For a pairwise incompatible set H with fastest member ``t_min[i]`` per island: a stage on
+        island j can neighbour some member of H iff its time is at most ``limit[j]``; a middle stage
+        between two members forms a block of three with them, so it can have two neighbours in H only
+        if its time is at most ``sandwich[j]`` (None when m <= 3: that block does not count)."""
+        hi = self.upper_tmax_s
+        slack = 2 * hi * 1e-9
+        islands = sorted(self.problem.island_gpus)
+        limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+        if self.problem.num_micro_batches <= 3:
+            return limit, None
+        sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
+                           for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
+        return limit, sandwich
 
     def _neighbour_row(self, md: LinearModel, entries: list, heavy: list, light: list,  # type: ignore[type-arg]
                        sandwich: dict[int, float] | None, name: str, cpair: dict[tuple[int, int], float],
@@ -640,7 +649,6 @@ class AggregatedMIP:
         cands = p.candidates
         hi = self.upper_tmax_s
         lower = self.lower_tail_s
-        islands = sorted(p.island_gpus)
         isl = lambda t: cands[t.candidate].island  # noqa: E731
         cmin, cpair = self._link_minima()
         in_s = [tail > lower and t.time_s + cmin[isl(t)] > hi * (1 + 1e-9) for tail, _, _, _, t, _ in entries]
@@ -650,12 +658,7 @@ class AggregatedMIP:
         for s, (_, _, _, _, t, _) in zip(in_s, entries):
             if s:
                 t_min[isl(t)] = min(t.time_s, t_min.get(isl(t), math.inf))
-        slack = 2 * hi * 1e-9
-        limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
-        # a middle stage between two members of S forms a block of three with them
-        sandwich = ({j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
-                            for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
-                    if self.problem.num_micro_batches > 3 else None)
+        limit, sandwich = self._compatible_limits(t_min, cpair)
         need = LinExpr()  # members of S in the middle, less the successors that need no variable
         edges = LinExpr()  # edges of S beyond the first member's left one, less those of free neighbours
         edges.const = -1.0
@@ -757,7 +760,7 @@ class AggregatedMIP:
         # succ[s]: the middle stages of type s next to a member of S, downstream of the first one
         first_s = next((k for k, key in enumerate(keys) if key in self.succ_heavy), len(keys))
         for k in range(first_s + 1, len(keys) - 1):
-            role, si = keys[k]
+            _, si = keys[k]
             if si in self.succ and (keys[k - 1] in self.succ_heavy or keys[k + 1] in self.succ_heavy):
                 vals[self.succ[si]] += 1.0
         for st_a, st_b in zip(stages, stages[1:]):
