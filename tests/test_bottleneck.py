@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import HealthCheck, given, settings
@@ -128,3 +129,27 @@ def test_cover_with_an_island_cap_keeps_that_island_below_it():
             # the capped island does hold stages (else the cap was not exercised)
             assert any(problem.candidates[t.candidate].island == island for t in stages)
     assert found >= 2
+
+
+def test_reserved_separators_are_set_aside_on_their_island_and_the_ends_are_where_asked():
+    # reserved separators (search.knapsack_plans): k small stages on island j within a lower cap,
+    # the rest covered within the full cap, first and last stage on the given islands
+    problem, sack = _h100_a100_knapsack()
+    cap = sack.bottleneck_bound_s() * 1.08
+    islands = sorted(problem.island_gpus)
+    found = 0
+    for j, k, ends in itertools.product(islands, (1, 2, 3), itertools.product(islands, islands)):
+        low = cap * 0.8
+        cover = sack.cover(cap, 0, None, (j, k, low), ends)
+        if cover is None:
+            continue
+        found += 1
+        first, mids, last = cover
+        stages = [first, *mids, last]
+        assert sum(t.num_layers for t in stages) == problem.total_layers
+        assert all(t.time_s <= cap * (1 + 1e-9) and t.num_layers >= 1 for t in stages)
+        assert _within_gpu_budgets(problem, stages)
+        assert (problem.candidates[first.candidate].island, problem.candidates[last.candidate].island) == ends
+        small = [t for t in mids if problem.candidates[t.candidate].island == j and t.time_s <= low * (1 + 1e-9)]
+        assert len(small) >= k
+    assert found >= 4

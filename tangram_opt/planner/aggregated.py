@@ -834,9 +834,10 @@ def best_order(problem: PipelineProblem, first: StageType, mids: list[StageType]
 
 
 def try_order(problem: PipelineProblem, first: StageType, mids: list[StageType],
-              last: StageType) -> list[StageChoice] | None:
+              last: StageType, *, polish_split: bool = True) -> list[StageChoice] | None:
     """Order the middle stages and polish the layer split on the exact objective (None if no
-    order tried fits memory, the first stage's position included).
+    order tried fits memory, the first stage's position included; ``polish_split=False``: the
+    best order as is).
 
     Orders tried: island blocks in every island order (within a block, most memory-tolerant first,
     or largest step tail last), the pure memory order (always feasible by Hall's condition),
@@ -877,7 +878,7 @@ def try_order(problem: PipelineProblem, first: StageType, mids: list[StageType],
             best, best_t = stages, t
     if best is None or (not gpipe and first.tolerance < min(P, m)):
         return None
-    return polish(problem, best)
+    return polish(problem, best) if polish_split else best
 
 
 def _tail_order(mids: list[StageType], m: int) -> list[StageType]:

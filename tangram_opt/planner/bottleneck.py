@@ -22,6 +22,7 @@ already carries all dense blocks, so the dense kind is covered by the first stag
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -113,23 +114,27 @@ class LayerKnapsack:
         ok = np.nonzero(arr <= gpus)[0]
         return int(ok[-1]) if len(ok) else -1  # -1: this role combination does not fit at all
 
-    def _best_placement(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None
+    def _best_placement(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None,
+                        budget: Mapping[int, int] | None = None, need: int | None = None,
+                        ends: tuple[int, int] | None = None
                         ) -> tuple[dict[int, tuple[bool, bool]], dict[int, int], dict] | None:
         """Islands of the first and last stage that let stages within ``lam`` (``caps[i]`` on
         island i where given) hold the most blocks, with each island's reach; None if no placement
-        holds all ``L``."""
+        holds ``need`` blocks (default all ``L``) within ``budget`` GPUs per island (default the
+        islands' sizes)."""
         islands = sorted(self.problem.island_gpus)
+        budget = self.problem.island_gpus if budget is None else budget
+        need = self.L if need is None else need
         tables = {i: self._tables(i, (caps or {}).get(i, lam), min_tol) for i in islands}
         best = None
-        for fi in islands:
-            for la in islands:
-                roles = {i: (i == fi, i == la) for i in islands}
-                reach = {i: self._reach(tables[i][roles[i]][0], self.problem.island_gpus[i]) for i in islands}
-                if min(reach.values()) < 0:
-                    continue
-                total = sum(reach.values())
-                if total >= self.L and (best is None or total > best[0]):
-                    best = (total, roles, reach)
+        for fi, la in [ends] if ends is not None else itertools.product(islands, islands):
+            roles = {i: (i == fi, i == la) for i in islands}
+            reach = {i: self._reach(tables[i][roles[i]][0], budget[i]) for i in islands}
+            if min(reach.values()) < 0:
+                continue
+            total = sum(reach.values())
+            if total >= need and (best is None or total > best[0]):
+                best = (total, roles, reach)
         return None if best is None else (best[1], best[2], tables)
 
     def feasible(self, lam: float) -> bool:
@@ -150,7 +155,8 @@ class LayerKnapsack:
                 lo = mid + 1
         return float(times[lo])
 
-    def cover(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None
+    def cover(self, lam: float, min_tol: int = 0, caps: Mapping[int, float] | None = None,
+              separators: tuple[int, int, float] | None = None, ends: tuple[int, int] | None = None
               ) -> tuple[StageType, list[StageType], StageType] | None:
         """A multiset of stages no slower than ``lam`` holding every block (first, middles, last),
         or None; a primal heuristic. Each island holds a share of the blocks proportional to its
@@ -158,18 +164,33 @@ class LayerKnapsack:
         micro-batches in flight: with ``min_tol`` >= the stage count every order fits memory) and
         are then trimmed to exactly ``L`` blocks (a stage's candidate with fewer blocks is no
         slower). Memory order is not checked here. ``caps[i]``, where given, replaces ``lam`` on
-        island i: a lower cap there yields small stages that can sit between large ones."""
-        placed = self._best_placement(lam, min_tol, caps)
+        island i: a lower cap there yields small stages that can sit between large ones.
+        ``separators = (j, k, c)`` sets aside ``k`` middle stages on island j within ``c`` first (the
+        type with the fewest GPUs, most blocks among those) and covers the rest within ``lam``: the
+        small stages then separate up to ``k + 1`` stages at the full cap, the rest of island j
+        included."""
+        need, budget, seps = self.L, dict(self.problem.island_gpus), []
+        if separators is not None:
+            j, k, sep_cap = separators
+            g, _ = self._fewest_gpus(j, "mid", sep_cap, min_tol)
+            if g[1] >= _INF:
+                return None
+            blocks = int(np.nonzero(g == g[1])[0][-1])
+            need, budget[j] = need - k * blocks, budget[j] - k * int(g[1])
+            if need < 2 or budget[j] < 0:
+                return None
+            seps = [self._stage(j, "mid", blocks, sep_cap, min_tol)] * k
+        placed = self._best_placement(lam, min_tol, caps, budget, need, ends)
         if placed is None:
             return None
         roles, reach, tables = placed
         cap = lambda i: (caps or {}).get(i, lam)  # noqa: E731
         total = sum(reach.values())
-        share = {i: reach[i] * self.L // total if total else 0 for i in reach}
+        share = {i: reach[i] * need // total if total else 0 for i in reach}
         for i in sorted(reach, key=lambda i: reach[i] - share[i], reverse=True):  # hand out what rounding left
-            if sum(share.values()) >= self.L:
+            if sum(share.values()) >= need:
                 break
-            share[i] += min(reach[i] - share[i], self.L - sum(share.values()))
+            share[i] += min(reach[i] - share[i], need - sum(share.values()))
         first = last = None
         mids: list[StageType] = []
         for i, ell in share.items():
@@ -192,7 +213,7 @@ class LayerKnapsack:
                 ell = max(0, ell - l)
                 key = (key[0], False) if role == "last" else (False, False)
         assert first is not None and last is not None
-        return self._trim(first, mids, last)
+        return self._trim(first, mids + seps, last)
 
     def _stage(self, i: int, role: str, blocks: int, lam: float, min_tol: int) -> StageType:
         _, arg = self._fewest_gpus(i, role, lam, min_tol)

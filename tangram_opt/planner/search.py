@@ -70,6 +70,11 @@ KNAPSACK_PLAN_CAPS = 12
 KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
 KNAPSACK_PLAN_MIN_S = 0.2
 KNAPSACK_PLAN_SHARE = 0.02
+#: node selection: primal turns (``_BranchAndBound.next_node``) back off after this many find nothing
+PRIMAL_IDLE_TURNS = 8
+PRIMAL_MAX_EVERY = 8
+#: knapsack plans whose layer split is polished (the best orders by exact step time)
+KNAPSACK_PLAN_POLISH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,8 @@ class _Sub:
     status: str = "open"
     single_s: float | None = None
     objective_s: float | None = None
+    #: the best plan's slowest stage time: the bottleneck window it lies in
+    best_t_max_s: float | None = None
     solve_time_s: float = 0.0
     types: dict[str, list[StageType]] | None = None
     info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})
@@ -292,6 +299,7 @@ class _BranchAndBound:
         self.inc: tuple[int, list[StageChoice]] | None = None
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
+        self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
 
     # --- bookkeeping -----------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -302,7 +310,9 @@ class _BranchAndBound:
 
     def offer(self, b: int, choices: list[StageChoice], t: float) -> None:
         sub = self.subs[b]
-        sub.objective_s = t if sub.objective_s is None else min(sub.objective_s, t)
+        if sub.objective_s is None or t < sub.objective_s:
+            sub.objective_s = t
+            sub.best_t_max_s = max(st.time_s for st in choices_timing(sub.problem, choices).stages)
         if t < self.inc_s:
             self.inc_s, self.inc = t, (b, choices)
 
@@ -359,10 +369,12 @@ class _BranchAndBound:
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
-        turn = 0
+        turn, every, idle = 0, 2, 0  # a primal turn every ``every`` nodes (backs off while they find nothing)
         while self.open:
-            node = self.next_node(turn)
+            primal = turn % every == every - 1
+            node = self.next_node(primal)
             turn += 1
+            started, before = time.perf_counter(), self.inc_s
             if self.pruned(node.bound_s):
                 self.close(node, node.bound_s)
                 continue
@@ -374,6 +386,13 @@ class _BranchAndBound:
                 self.split(node)
             else:
                 self.solve_leaf(node)
+            self.spent[node.b] = self.spent.get(node.b, 0.0) + time.perf_counter() - started
+            if self.inc_s < before:
+                every, idle = 2, 0
+            elif primal:
+                idle += 1
+                if idle >= PRIMAL_IDLE_TURNS:
+                    every, idle = min(2 * every, PRIMAL_MAX_EVERY), 0
         still_open = [n for n in self.open if not self.pruned(n.bound_s)]
         for n in self.open:
             if self.pruned(n.bound_s):
@@ -385,15 +404,24 @@ class _BranchAndBound:
                 sub.status = "closed" if not any(n.b == sub.b for n in self.open) else "not finished (time limit)"
         return self.finish()
 
-    def next_node(self, turn: int) -> _Node:
-        """Alternate best-bound (raises the global bound) with the best node of each pipeline
-        micro-batch size in turn (finds plans in every sub-problem, not only the one with the
-        lowest relaxation)."""
-        if turn % 2 == 0 or len(self.open) < 2:
+    def next_node(self, primal: bool) -> _Node:
+        """Best-bound (raises the global bound) or, on a primal turn, the pipeline
+        micro-batch size that has had the least search time so far (finds plans in every
+        sub-problem, not only the one with the lowest relaxation; a size whose windows are cheap
+        gets more of them), and there the best-bound window on the slowest stage time of that
+        size's best plan while one is open (a dive: that neighbourhood is split down to leaves and
+        solved, every step-tail window of it, so a heuristic plan is improved by the MIP early),
+        else the best-bound window. Primal turns start at every second node; after
+        PRIMAL_IDLE_TURNS of them find no better plan they come half as often (down to one in
+        PRIMAL_MAX_EVERY), and a better plan from any turn resets them."""
+        if not primal or len(self.open) < 2:
             return heapq.heappop(self.open)
-        bs = sorted({n.b for n in self.open})
-        b = bs[(turn // 2) % len(bs)]
-        best = min((n for n in self.open if n.b == b), key=lambda n: n.bound_s)
+        b = min({n.b for n in self.open}, key=lambda b: (self.spent.get(b, 0.0), b))
+        mine = [n for n in self.open if n.b == b]
+        t_max = self.subs[b].best_t_max_s
+        if t_max is not None:
+            mine = [n for n in mine if n.lo_s * (1 - 1e-9) <= t_max <= n.hi_s * (1 + 1e-9)] or mine
+        best = min(mine, key=lambda n: n.bound_s)
         self.open.remove(best)
         heapq.heapify(self.open)
         return best
@@ -439,9 +467,12 @@ class _BranchAndBound:
 
         For a few caps between ``knap`` and 1.1 ``knap`` (or the incumbent's period) and a few
         minimum memory tolerances, take the stages the covering knapsack picks, order them for
-        memory and neighbours (``try_order``), polish and score them exactly. Balanced by
-        construction, these plans are often better than what the window MIPs find in their time.
-        Each cap is tried as is and with one island capped lower (separator covers).
+        memory and neighbours (``try_order``) and score them exactly; the best
+        KNAPSACK_PLAN_POLISH also get their layer split polished. Balanced by construction, these
+        plans are often better than what the window MIPs find in their time. Each cap is tried as
+        is, with one island capped lower (separator covers), and with k small stages set aside on
+        one island for each placement of the first and last stage (reserved separators: large
+        stages of every island, that island's included, alternate with them).
         """
         budget = min(self.remaining(), max(KNAPSACK_PLAN_MIN_S, KNAPSACK_PLAN_SHARE * self.time_limit_s))
         if budget <= 0:
@@ -450,7 +481,6 @@ class _BranchAndBound:
         times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * KNAPSACK_PLAN_SPAN))]
         caps = times[::max(1, len(times) // KNAPSACK_PLAN_CAPS)]
         seen: set[tuple] = set()
-        found = 0
         p2p = sub.problem.p2p_s
         islands = sorted(sub.problem.island_gpus)
         # separators: island j capped so that its stages may neighbour a stage at the full cap
@@ -458,24 +488,49 @@ class _BranchAndBound:
         # need not neighbour each other and pay their link
         link_in = {j: min(min(p2p[i, j], p2p[j, i]) for i in islands if i != j) for j in islands} \
             if len(islands) > 1 else {}
+        ordered: list[tuple[float, list[StageChoice]]] = []
+
+        def order(cover: tuple[StageType, list[StageType], StageType] | None) -> None:
+            if cover is None:
+                return
+            first, mids, last = cover
+            key = (first.candidate, first.layers, tuple(sorted((t.candidate, t.layers) for t in mids)),
+                   last.candidate, last.layers)
+            if key in seen:
+                return
+            seen.add(key)
+            choices = try_order(sub.problem, first, mids, last, polish_split=False)
+            if choices is not None:
+                ordered.append((choices_timing(sub.problem, choices).step_time_s, choices))
+
         for lam in caps:
+            if time.perf_counter() > deadline:
+                break
             for tol, sep in itertools.product(KNAPSACK_PLAN_TOLERANCES, [None, *link_in]):
-                if time.perf_counter() > deadline:
-                    break
-                cover = sack.cover(float(lam), tol, None if sep is None else {sep: float(lam) - 2 * link_in[sep]})
-                if cover is None:
-                    continue
-                first, mids, last = cover
-                key = (first.candidate, first.layers, tuple(sorted((t.candidate, t.layers) for t in mids)),
-                       last.candidate, last.layers)
-                if key in seen:
-                    continue
-                seen.add(key)
-                choices = try_order(sub.problem, first, mids, last)
-                if choices is not None:
-                    found += 1
-                    self.offer(sub.b, choices, choices_timing(sub.problem, choices).step_time_s)
-        sub.info["knapsack_plans"] = found
+                order(sack.cover(float(lam), tol, None if sep is None else {sep: float(lam) - 2 * link_in[sep]}))
+            # reserved separators: k small stages on island j, the rest covered at the full cap, for
+            # every island pair holding the first and last stage; k follows the count of full-cap
+            # stages the cover needs separated (#full <= #small + 1 lets them alternate)
+            for j, ends in itertools.product(link_in, itertools.product(islands, islands)):
+                sep_cap = float(lam) - 2 * link_in[j]
+                k, tried = 1, set()
+                while k not in tried:
+                    tried.add(k)
+                    cover = sack.cover(float(lam), 0, None, (j, k, sep_cap), ends)
+                    if cover is None:
+                        break
+                    order(cover)
+                    stages = [cover[0], *cover[1], cover[2]]
+                    full = sum(t.time_s > sep_cap * (1 + 1e-12) for t in stages)
+                    k = max(1, k + full - 1 - (len(stages) - full))
+        # the layer split is polished (the costly part) on the best few orders only
+        ordered.sort(key=lambda q: q[0])
+        for rank, (t, choices) in enumerate(ordered):
+            if rank < KNAPSACK_PLAN_POLISH:
+                choices = polish(sub.problem, choices)
+                t = choices_timing(sub.problem, choices).step_time_s
+            self.offer(sub.b, choices, t)
+        sub.info["knapsack_plans"] = len(ordered)
 
     def build(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
               tail_hi: float = math.inf, excluded: frozenset = frozenset()) -> AggregatedMIP | PositionalMIP | None:
