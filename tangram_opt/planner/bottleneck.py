@@ -56,6 +56,8 @@ class LayerKnapsack:
         self.times = np.unique(np.concatenate([r[0] for r in self._rows.values()])) if self._rows else np.empty(0)
         # _fewest_gpus by (island, role, cap, min_tol): cover() reads it again for every stage it picks
         self._fewest: dict[tuple[int, str, float, int], tuple[np.ndarray, np.ndarray]] = {}
+        # _tables by (island, cap, min_tol): the primal sweep asks for the same caps many times
+        self._table_cache: dict[tuple[int, float, int], dict] = {}
 
     def _fewest_gpus(self, i: int, role: str, lam: float, min_tol: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """g[l] = fewest GPUs of one stage of ``role`` on island i holding >= l blocks within ``lam``
@@ -83,6 +85,13 @@ class LayerKnapsack:
                 ) -> dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray, str | None]]:
         """Per (has the first stage, has the last): fewest GPUs holding >= ell blocks on island i,
         the block count of the stage added last at ell (for backtracking) and that stage's role."""
+        key = (i, lam, min_tol)
+        if key not in self._table_cache:
+            self._table_cache[key] = self._compute_tables(i, lam, min_tol)
+        return self._table_cache[key]
+
+    def _compute_tables(self, i: int, lam: float, min_tol: int
+                        ) -> dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray, str | None]]:
         L = self.L
         mid, _ = self._fewest_gpus(i, "mid", lam, min_tol)
         M = np.full(L + 1, _INF, dtype=np.int64)
