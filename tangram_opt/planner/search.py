@@ -283,12 +283,12 @@ class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
-                 on_progress: Callable[[SearchEvent], None] | None, t0: float):
+                 primal_backoff: bool = True, on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.leaf_ratio = LEAF_WINDOW_RATIO if leaf_ratio is None else leaf_ratio
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
-        self.knapsack, self.order_rows = knapsack, order_rows
+        self.knapsack, self.order_rows, self.primal_backoff = knapsack, order_rows, primal_backoff
         self.windows = windows and formulation == "aggregated" and ctx.space.schedule == "1f1b"
         self.warm_start, self.on_progress, self.t0 = warm_start, on_progress, t0
         self.events: list[SearchEvent] = []
@@ -389,7 +389,7 @@ class _BranchAndBound:
             self.spent[node.b] = self.spent.get(node.b, 0.0) + time.perf_counter() - started
             if self.inc_s < before:
                 every, idle = 2, 0
-            elif primal:
+            elif primal and self.primal_backoff:
                 idle += 1
                 if idle >= PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, PRIMAL_MAX_EVERY), 0
@@ -413,7 +413,8 @@ class _BranchAndBound:
         solved, every step-tail window of it, so a heuristic plan is improved by the MIP early),
         else the best-bound window. Primal turns start at every second node; after
         PRIMAL_IDLE_TURNS of them find no better plan they come half as often (down to one in
-        PRIMAL_MAX_EVERY), and a better plan from any turn resets them."""
+        PRIMAL_MAX_EVERY), and a better plan from any turn resets them; not in the restricted
+        search (``primal_backoff=False``), whose bounds are not used."""
         if not primal or len(self.open) < 2:
             return heapq.heappop(self.open)
         b = min({n.b for n in self.open}, key=lambda b: (self.spent.get(b, 0.0), b))
@@ -445,7 +446,7 @@ class _BranchAndBound:
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
-                                on_progress=None, t0=time.perf_counter())
+                                primal_backoff=False, on_progress=None, t0=time.perf_counter())
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
