@@ -255,3 +255,40 @@ def test_skewed_expert_loads_stretch_moe_layers_through_the_placement():
     assert plan.expert_placement is not None and plan.expert_placement["method"] == "mip"
     for d in plan.expert_placement["ep_degrees"]:
         assert d["imbalance"] >= 1.0 and d["ep"] in {s.ep for s in plan.stages}
+
+
+def test_primal_turns_dive_into_the_least_searched_size_near_its_best_plan():
+    import heapq
+    import time
+
+    from tangram_opt.planner.search import _BranchAndBound, _Node, _Sub
+
+    ctx = PlanningContext(two_islands(), load_model("llama-3-8b").with_layers(4),
+                          TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"))
+    bb = _BranchAndBound(ctx, backend="highs", time_limit_s=10, threads=1, seed=0, rel_gap=1e-4,
+                         formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                         on_progress=None, t0=time.perf_counter())
+    for b in (1, 2):
+        bb.subs[b] = _Sub(b=b, problem=ctx.problem(b), lower_bound_s=0.0)
+    nodes = [_Node(bound_s=1.0, b=1, lo_s=0.010, hi_s=0.020),   # lowest bound of all
+             _Node(bound_s=1.3, b=2, lo_s=0.010, hi_s=0.020),   # lowest bound of size 2
+             _Node(bound_s=1.5, b=2, lo_s=0.030, hi_s=0.040),   # holds size 2's best plan
+             _Node(bound_s=1.6, b=2, lo_s=0.030, hi_s=0.040)]
+    bb.spent = {1: 5.0, 2: 1.0}  # size 2 has had less search time
+    bb.subs[2].best_t_max_s = 0.035
+
+    def fresh():
+        bb.open = list(nodes)
+        heapq.heapify(bb.open)
+
+    fresh()
+    assert bb.next_node(primal=False) is nodes[0]
+    fresh()
+    assert bb.next_node(primal=True) is nodes[2]  # the dive: best bound among windows holding 35 ms
+    assert nodes[2] not in bb.open and len(bb.open) == 3
+    bb.subs[2].best_t_max_s = 0.025  # in no open window of size 2: its best-bound window
+    fresh()
+    assert bb.next_node(primal=True) is nodes[1]
+    bb.spent = {1: 0.5, 2: 1.0}
+    fresh()
+    assert bb.next_node(primal=True) is nodes[0]
