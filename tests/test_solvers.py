@@ -156,3 +156,25 @@ def test_highs_solves_after_a_solve_with_another_thread_count():
         res = highs.solve(model(), SolveOptions(time_limit_s=5, threads=threads))
         assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(8.0)
         assert lp_relaxation_bound(model()) == pytest.approx(7.5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cutoff_keeps_solutions_below_it_and_reports_infeasible_when_there_are_none(backend):
+    # the search passes its incumbent as the cutoff of every window MIP: a window with nothing
+    # better comes back "infeasible" (closed) instead of being solved to its optimum. With a
+    # cutoff below the optimum HiGHS prunes every node and still calls the solution its
+    # heuristics found above the cutoff optimal, which the backend must not pass on
+    import random
+
+    rng = random.Random(3)
+    w = [rng.randint(10, 60) for _ in range(30)]
+    v = [x + rng.randint(-5, 9) for x in w]
+    m, _ = knapsack(w, v, sum(w) // 2)
+    best = solve_model(m, "highs", SolveOptions(time_limit_s=20)).objective
+    above = solve_model(m, backend, SolveOptions(time_limit_s=20, cutoff=best + 0.5))
+    assert above.status == SolveStatus.OPTIMAL and above.objective == pytest.approx(best)
+    at = solve_model(m, backend, SolveOptions(time_limit_s=20, cutoff=best))
+    assert at.status == SolveStatus.INFEASIBLE and at.values is None
+    m.set_hint({x: 0.0 for x in m.vars})  # a feasible hint above the cutoff changes nothing
+    below = solve_model(m, backend, SolveOptions(time_limit_s=20, cutoff=best - 5))
+    assert below.status == SolveStatus.INFEASIBLE and below.values is None

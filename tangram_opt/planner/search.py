@@ -334,6 +334,13 @@ class _BranchAndBound:
         if self.on_progress is not None:
             self.on_progress(ev)
 
+    def cutoff_ticks(self, mip: Any) -> float | None:
+        """The incumbent in the ticks of ``mip``'s objective, plus the rounding margin: a plan
+        better than the incumbent has a model objective below it."""
+        if not math.isfinite(self.inc_s):
+            return None
+        return self.inc_s / mip.options.tick_s + rounding_ticks(mip.problem.num_micro_batches)
+
     def close(self, node: _Node, bound_s: float) -> None:
         self.closed_bounds.setdefault(node.b, []).append(bound_s)
 
@@ -689,7 +696,8 @@ class _BranchAndBound:
         tick = mip.options.tick_s
         base = self.elapsed()
         res = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
-                                                                 seed=self.seed, rel_gap=self.rel_gap))
+                                                                 seed=self.seed, rel_gap=self.rel_gap,
+                                                                 cutoff=self.cutoff_ticks(mip)))
         sub.info["mip_solves"] += 1
         sub.solve_time_s += res.solve_time_s
         self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
@@ -771,7 +779,8 @@ class _BranchAndBound:
                 return res  # its optimum still bounds everything the earlier cuts left
             mip.model.hint = {}
             nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
-                                                                    seed=self.seed, rel_gap=self.rel_gap))
+                                                                    seed=self.seed, rel_gap=self.rel_gap,
+                                                                    cutoff=self.cutoff_ticks(mip)))
             sub.info["mip_solves"] += 1
             sub.solve_time_s += nxt.solve_time_s
             if nxt.values is not None:
@@ -806,7 +815,8 @@ class _BranchAndBound:
             model.add(lsum(1 - v for v in ones) + lsum(zeros) >= 1, f"nogood{len(model.constraints)}")
             model.hint = {}
             res = solve_model(model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
-                                                                 seed=self.seed, rel_gap=self.rel_gap))
+                                                                 seed=self.seed, rel_gap=self.rel_gap,
+                                                                 cutoff=self.cutoff_ticks(mip)))
             sub.info["mip_solves"] += 1
             sub.solve_time_s += res.solve_time_s
             if res.values is None:

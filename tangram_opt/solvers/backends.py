@@ -64,6 +64,10 @@ class SolveOptions:
     threads: int = 1
     seed: int = 0
     rel_gap: float = 1e-6
+    #: objective value at or above which no solution is of interest (the search's incumbent):
+    #: a solve that finds nothing below it reports INFEASIBLE. HiGHS prunes every node whose
+    #: bound reaches it (``objective_bound``); the other backends get it as a row on the objective
+    cutoff: float | None = None
     use_hint: bool = True
     log: bool = False
     on_progress: Callable[[ProgressPoint], None] | None = field(default=None, compare=False)
@@ -189,9 +193,13 @@ class CpSatBackend(Backend):
                 cp.add_hint(xs[i], int(round(val)))
             if len(model.hint) == len(model.vars):
                 hint = [float(round(model.hint[i])) for i in range(len(model.vars))]
-                if not model.check(hint, tol=0.0):
-                    incumbent = (model.objective.value(hint), hint)
+                value = model.objective.value(hint)
+                if not model.check(hint, tol=0.0) and (options.cutoff is None or value < options.cutoff):
+                    incumbent = (value, hint)
                     cp.add(objective <= int(round(incumbent[0])) - 1)
+        limit = _cutoff_limit(model, options)
+        if incumbent is None and limit is not None:  # only solutions below the cutoff
+            cp.add(sum(int(a) * xs[i] for i, a in model.objective.coefs.items()) <= int(limit))
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = float(options.time_limit_s)
@@ -286,6 +294,11 @@ class LinearSolverBackend(Backend):
         for c in model.constraints:
             row = s.RowConstraint(-inf if math.isinf(c.lb) else c.lb, inf if math.isinf(c.ub) else c.ub, c.name)
             for i, a in c.coefs.items():
+                row.SetCoefficient(xs[i], a)
+        limit = _cutoff_limit(model, options)
+        if limit is not None:  # only solutions below the cutoff
+            row = s.RowConstraint(-inf, limit, "cutoff")
+            for i, a in model.objective.coefs.items():
                 row.SetCoefficient(xs[i], a)
         obj = s.Objective()
         for i, a in model.objective.coefs.items():
@@ -407,6 +420,8 @@ class HighsBackend(Backend):
                          ("mip_abs_gap", 0.5 if not relax and model.is_integral else 1e-9), ("random_seed", int(options.seed)),
                          ("threads", threads)):
             h.setOptionValue(key, val)
+        if options.cutoff is not None and not relax:
+            h.setOptionValue("objective_bound", float(options.cutoff))
         if relax:
             # the search's window relaxations are small and already tight in their bounds; HiGHS's
             # presolve cost more than it saved on them (six b = 8 windows of the 512-GPU
@@ -433,6 +448,10 @@ class HighsBackend(Backend):
             obj = model.objective.value(vals)
             optimal = ms == highspy.HighsModelStatus.kOptimal
             mip = any(v.integer for v in model.vars) and not relax
+            if optimal and mip and options.cutoff is not None and obj >= options.cutoff:
+                # every node was pruned at the cutoff; what HiGHS kept is a solution above it
+                return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed,
+                                   message="no solution below the cutoff")
             bound = obj if optimal or not mip else _num(str(info.mip_dual_bound))
             traj.record(obj, bound, elapsed)
             rc = list(h.getSolution().col_dual) if (relax and optimal) else None
@@ -453,6 +472,17 @@ _CBC_PROGRESS = re.compile(r"Cbc0010I After \d+ nodes, \d+ on tree, (\S+) best s
 _CBC_SOLUTION = re.compile(r"Cbc0012I Integer solution of (\S+) found .*\(([\d.]+) seconds\)")
 _CBC_LOWER = re.compile(r"^Lower bound:\s+(\S+)", re.M)
 _CBC_OBJ = re.compile(r"^Objective value:\s+(\S+)", re.M)
+
+
+def _cutoff_limit(model: LinearModel, options: SolveOptions) -> float | None:
+    """The largest value of ``sum a_i x_i`` (the objective without its constant) of a solution
+    below ``options.cutoff``, for the backends that take the cutoff as a row; None without one."""
+    if options.cutoff is None:
+        return None
+    limit = options.cutoff - model.objective.const
+    if model.is_integral:  # integer objective: below the cutoff is at most ceil(cutoff) - 1
+        return float(math.ceil(limit - 1e-9) - 1)
+    return limit - 1e-9 * max(1.0, abs(limit))
 
 
 def _num(s: str) -> float | None:
@@ -510,6 +540,9 @@ class PulpCbcBackend(Backend):
                     prob += (expr >= c.lb, f"c{k}_lo")
                 if not math.isinf(c.ub):
                     prob += (expr <= c.ub, f"c{k}_up")
+        limit = _cutoff_limit(model, options)
+        if limit is not None:  # only solutions below the cutoff
+            prob += (pulp.lpSum(a * xs[i] for i, a in model.objective.coefs.items()) <= limit, "cutoff")
         warm = bool(options.use_hint and model.hint)
         if warm:
             for i, val in model.hint.items():
