@@ -199,7 +199,7 @@ class CpSatBackend(Backend):
                     cp.add(objective <= int(round(incumbent[0])) - 1)
         limit = _cutoff_limit(model, options)
         if incumbent is None and limit is not None:  # only solutions below the cutoff
-            cp.add(sum(int(a) * xs[i] for i, a in model.objective.coefs.items()) <= int(limit))
+            cp.add(objective <= int(limit) + int(model.objective.const))
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = float(options.time_limit_s)
