@@ -10,7 +10,7 @@ import pytest
 
 import tangram_opt as to
 from tangram_opt.export import save_plan_file
-from tangram_opt.show import TABLE_COLUMNS, plan_metrics, plan_table, summary_text
+from tangram_opt.show import TABLE_COLUMNS, open_parts, plan_metrics, plan_table, summary_text
 from tangram_opt.show.plots import plot_islands, plot_memory, plot_timeline
 
 from test_export import hetero_plan, single_job_plan, two_pipeline_plan
@@ -81,6 +81,29 @@ def test_summary_without_bound_says_so():
 
     plan = make_plan([([stage("a100", 8, (0, 32), emb=True, head=True)], 8, 8)], bound_s=None)
     assert "no bound" in summary_text(plan)
+
+
+def test_summary_names_the_parts_of_the_search_that_hold_the_gap():
+    from dataclasses import replace
+
+    plan = hetero_plan()
+    cert = plan.certificate
+    obj = cert.objective_s
+    subs = ({"pipeline_micro_batch": 1, "status": "closed", "bound_s": 0.97 * obj},
+            {"pipeline_micro_batch": 2, "status": "not finished (time limit)", "bound_s": 0.90 * obj},
+            {"pipeline_micro_batch": 4, "status": "pruned by bound", "bound_s": 1.2 * obj},  # above the plan: done
+            {"pipeline_micro_batch": 8, "status": "closed", "bound_s": obj * (1 - 1e-6)},  # within tolerance: done
+            {"level": "multi-pipeline", "status": "feasible", "bound_s": 0.95 * obj},
+            {"pipeline_micro_batch": 16, "status": "not finished (time limit)", "bound_s": 0.99 * obj})
+    plan = replace(plan, certificate=replace(cert, subproblems=subs, bound_s=0.90 * obj, gap=0.10))
+    line = next(x for x in summary_text(plan, width=400).splitlines() if x.startswith("bounds below the plan"))
+    assert line.index("micro-batch 2:") < line.index("multi-pipeline") < line.index("micro-batch 1:")
+    assert "(time limit)" in line and "(closed at its model bound)" in line
+    assert "(not proved)" in line and "1 more" in line  # three shown, the fourth (b = 16) counted
+    assert "micro-batch 4:" not in line and "micro-batch 8:" not in line and "micro-batch 16:" not in line
+    assert len(open_parts(plan, limit=10)) == 4
+    optimal = replace(plan, certificate=replace(plan.certificate, status="optimal", gap=0.0))
+    assert "bounds below the plan" not in summary_text(optimal) and open_parts(optimal) == []
 
 
 # --- pictures ---------------------------------------------------------------------------------------------

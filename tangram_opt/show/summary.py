@@ -85,6 +85,9 @@ def headline(plan: Plan) -> list[str]:
         else:
             lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {u.fmt_seconds(cert.bound_s)}"
                          f" on every plan in the searched space; {cert.backend}, {cert.solve_time_s:.1f} s)")
+            held = open_parts(plan)
+            if held:
+                lines.append("bounds below the plan (lowest first): " + "; ".join(held))
     if len(plan.pipelines) > 1:
         slowest = max(p.step_time_s for p in plan.pipelines)
         lines.append(f"{len(plan.pipelines)} data-parallel pipelines, batch shares "
@@ -96,6 +99,41 @@ def headline(plan: Plan) -> list[str]:
         lines.append("islands: " + ", ".join(f"{name} {used.get(name, 0)}/{n} GPUs"
                                              for name, n in plan.island_gpus.items()))
     return lines
+
+
+#: How many parts of the search :func:`open_parts` names.
+OPEN_PARTS_SHOWN = 3
+#: Sub-problem statuses in the words of that line: "time limit" (more time may raise the bound),
+#: "closed at its model bound" (every window done; the relaxation, not time, holds the bound)
+_STATUS_WORDS = {"not finished (time limit)": "time limit", "closed": "closed at its model bound",
+                 "feasible": "not proved"}
+
+
+def open_parts(plan: Plan, limit: int = OPEN_PARTS_SHOWN) -> list[str]:
+    """The parts of the searched space whose lower bound is still below the plan's objective, lowest
+    first: where the gap sits, and whether more time could close it there (a part stopped by the
+    time limit) or not (closed at its model bound). Empty for a proved or bound-less plan."""
+    cert = plan.certificate
+    if cert is None or cert.gap is None or cert.status == "optimal":
+        return []
+    parts = []
+    for sub in cert.subproblems:
+        bound = sub.get("bound_s")
+        if bound is None or not bound < cert.objective_s * (1 - 1e-4):  # within the solver tolerance: done
+            continue
+        if "pipeline_micro_batch" in sub:
+            name = f"pipeline micro-batch {sub['pipeline_micro_batch']}"
+        elif "level" in sub:
+            name = str(sub["level"])
+        else:
+            continue
+        status = _STATUS_WORDS.get(sub.get("status", ""), sub.get("status", "open"))
+        parts.append((bound, f"{name}: {u.fmt_seconds(bound)} ({status})"))
+    parts.sort(key=lambda q: q[0])
+    shown = [text for _, text in parts[:limit]]
+    if len(parts) > limit:
+        shown.append(f"{len(parts) - limit} more")
+    return shown
 
 
 def _pipeline_table(plan: Plan, pi: int) -> Table:
