@@ -17,5 +17,5 @@ def __getattr__(name: str):  # lazy: matplotlib is imported only when a plot is 
     raise AttributeError(f"module 'tangram_opt.show' has no attribute {name!r}")
 
 
-__all__ = ["TABLE_COLUMNS", "headline", "open_parts", "plan_metrics", "plan_table", "print_summary", "summary_renderable",
-           "summary_text", "plot_timeline", "plot_islands", "plot_memory", "save_figure"]
+__all__ = ["TABLE_COLUMNS", "headline", "open_parts", "plan_metrics", "plan_table", "print_summary",
+           "summary_renderable", "summary_text", "plot_timeline", "plot_islands", "plot_memory", "save_figure"]
