@@ -172,6 +172,12 @@ class LinearModel:
     hint: dict[int, float] = field(default_factory=dict)
     _names: set[str] = field(default_factory=set, repr=False)
 
+    def fork(self) -> LinearModel:
+        """A copy that shares the constraints built so far (they are never changed after
+        :meth:`add`), so rows and bound changes on the copy leave this model as it is."""
+        return LinearModel(name=self.name, vars=list(self.vars), constraints=list(self.constraints),
+                           objective=self.objective, hint=dict(self.hint), _names=set(self._names))
+
     def add_var(self, name: str, lb: float = 0.0, ub: float = math.inf, *, integer: bool = False) -> Var:
         if lb > ub:
             raise ValueError(f"variable {name}: lb {lb} > ub {ub}")
