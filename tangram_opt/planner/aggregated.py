@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
@@ -404,31 +404,17 @@ class AggregatedMIP:
                     if pair:
                         md.add(2 * Smax >= tmin[i] + tmin[j] + 2 * cij - 3 * ce(hi) * (1 - wv), f"link_block[{i},{j}]")
         if not gpipe and m > 2 and math.isfinite(hi):
-            # 1F1B in-flight limit over the whole pipeline: Smax * P >= sum T + 2 * sum c when P < m,
-            # with McCormick over Smax in [lo, hi] and P = 2 + n_mid in [2, R] for the product; the
-            # binary `short` says P <= m - 1 and switches the rows off otherwise
-            lo_t, hi_t = max(tl, c_min), ce(hi)
-            round_trip = total_T_expr(self, fl) + 2 * Cm
-            big = R * hi_t + 2 * R * ce(max(p.p2p_s.values()))
+            # 1F1B in-flight limit over the whole pipeline: Smax * P >= sum T + 2 * sum c when P < m;
+            # the binary `short` says P <= m - 1 and switches the rows off otherwise
             relax = LinExpr()
             if R >= m:
+                hi_t = ce(hi)
+                big = R * hi_t + 2 * R * ce(max(p.p2p_s.values()))
                 short = self.aux["short"] = md.add_binary("short")
                 md.add(2 + n_mid <= (m - 1) + (R - m + 1) * (1 - short), "short_def")
                 md.add(2 + n_mid >= m * (1 - short), "short_def2")
                 relax = big * (1 - short)
-            md.add(hi_t * (2 + n_mid) + 2 * Smax - 2 * hi_t + relax >= round_trip, "cycle_hi")
-            md.add(lo_t * (2 + n_mid) + R * Smax - R * lo_t + relax >= round_trip, "cycle_lo")
-            # the same block without the first (or the last) stage: P - 1 stages, which matters when
-            # that end stage is much faster than the rest (a small first stage is common). Its time
-            # is taken out rounded up, and so is its link, at the slowest link leaving its island.
-            c_out = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
-            c_in = {i: ce(max(p.p2p_s[j, i] for j in islands)) for i in islands}
-            for end, group, tys, link in (("first", self.e, firsts, c_out), ("last", self.h, lasts, c_in)):
-                trimmed = round_trip - lsum((ce(tys[si].time_s) + 2 * link[isl_of(tys, si)]) * var
-                                            for si, var in group.items())
-                # Smax * (P - 1) with P - 1 = 1 + n_mid in [1, R - 1], McCormick over Smax in [lo, hi]
-                md.add(hi_t * (1 + n_mid) + Smax - hi_t + relax >= trimmed, f"cycle_{end}_hi")
-                md.add(lo_t * (1 + n_mid) + (R - 1) * Smax - (R - 1) * lo_t + relax >= trimmed, f"cycle_{end}_lo")
+            self._cycle_rows(max(2, p.min_stages), R, relax, "")
         if not gpipe and m > 2 and math.isfinite(hi):
             # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab. Inside the window
             # (lambda <= hi) they are compatible only if T_a + T_b + 2 c_ab <= 2 hi. A set H of
@@ -502,6 +488,56 @@ class AggregatedMIP:
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
+
+    def _cycle_rows(self, first: int, last: int, relax: LinExpr, tag: str) -> None:
+        """The whole-pipeline block ``Smax * P >= sum T + 2 sum c`` for P = 2 + n_mid in
+        [first, last], with McCormick's over-estimators of ``Smax * P`` on Smax in [lo, hi]:
+        (P - first)(hi - Smax) >= 0 and (last - P)(Smax - lo) >= 0 (``relax`` switches the rows
+        off where they do not hold); and the same block without the first (or the last) stage,
+        P - 1 stages, which matters when that end stage is much faster than the rest (a small
+        first stage is common). The end stage's time is taken out rounded up, and so is its
+        link, at the slowest link leaving (entering) its island."""
+        p, md, tick = self.problem, self.model, self.options.tick_s
+        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731
+        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731
+        islands = sorted(p.island_gpus)
+        cands = p.candidates
+        Smax, Cm = self.aux["Smax"], self.aux["Cm"]
+        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.p2p_s.values()))), ce(self.upper_tmax_s)
+        n_mid = lsum(self.n.values())
+        round_trip = total_T_expr(self, fl) + 2 * Cm
+        md.add(hi_t * (2 + n_mid) + first * Smax - first * hi_t + relax >= round_trip, f"cycle_hi{tag}")
+        md.add(lo_t * (2 + n_mid) + last * Smax - last * lo_t + relax >= round_trip, f"cycle_lo{tag}")
+        c_out = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
+        c_in = {i: ce(max(p.p2p_s[j, i] for j in islands)) for i in islands}
+        for end, group, tys, link in (("first", self.e, self.types["first"], c_out),
+                                      ("last", self.h, self.types["last"], c_in)):
+            trimmed = round_trip - lsum((ce(tys[si].time_s) + 2 * link[cands[tys[si].candidate].island]) * var
+                                        for si, var in group.items())
+            md.add(hi_t * (1 + n_mid) + (first - 1) * Smax - (first - 1) * hi_t + relax >= trimmed,
+                   f"cycle_{end}_hi{tag}")
+            md.add(lo_t * (1 + n_mid) + (last - 1) * Smax - (last - 1) * lo_t + relax >= trimmed,
+                   f"cycle_{end}_lo{tag}")
+
+    def with_stage_range(self, first: int, last: int) -> AggregatedMIP:
+        """This window's model restricted to pipelines of ``first`` .. ``last`` stages, without
+        building it again: a copy sharing the rows built so far (the counts and links of a
+        narrower range satisfy them all), plus the stage-count rows and, when every such pipeline
+        has fewer stages than micro-batches, the whole-pipeline block on that range."""
+        p = self.problem
+        first, last = max(first, p.min_stages, 2), min(last, p.max_stages)
+        child = replace(self, problem=replace(p, min_stages=first, max_stages=last), model=self.model.fork(),
+                        aux=dict(self.aux), medium=list(self.medium))
+        md = child.model
+        if child.empty:
+            return child
+        n_mid = lsum(child.n.values())
+        md.add(n_mid >= first - 2, f"stages_min[{first}]")
+        md.add(n_mid <= last - 2, f"stages_max[{last}]")
+        m = p.num_micro_batches
+        if p.schedule == "1f1b" and m > 2 and math.isfinite(self.upper_tmax_s) and last < m:
+            child._cycle_rows(first, last, LinExpr(), f"[{first},{last}]")
+        return child
 
     def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
         """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
