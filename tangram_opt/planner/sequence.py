@@ -1,0 +1,289 @@
+"""The sequence model: one period window and one stage count, exact in the order of the stages
+(formulations/pipeline_mip.md §3b).
+
+The aggregated model (aggregated.py) chooses a multiset of stage types and relaxes their order:
+blocks of neighbouring stages, the step tail (a stage's gradient sync hides behind the backward
+passes *upstream* of it) and memory by position are only bounded by counting rows. Near the
+optimum that relaxation can be several percent loose, and cutting off one multiset at a time
+does not close it (near-identical multisets follow). This model places a stage type at each of
+the ``P`` positions instead (``x[k, j]``: position ``k`` holds type ``j`` of its list), so every
+term of the closed form of pipeline_model.py is linear and exact:
+
+- memory: position ``k`` lists only types that fit with ``min(P - k, m)`` micro-batches in flight;
+- links: ``y[k, i, j]`` (stage ``k`` on island ``i``, stage ``k + 1`` on ``j``) with transport rows
+  between the island indicators of neighbouring positions;
+- the period: every block of fewer than ``m`` consecutive stages, ``len * lam >= sum T + 2 sum c``;
+- the step tail: ``Y >= tail_k - sum_{j<k} (B_j + c_j)`` at every position.
+
+It is solved inside narrow period windows ``[lo, hi]`` of the search, where only a few hundred
+types survive the window and reduced-cost fixing, one model per stage count. Coefficients are
+integer ticks rounded in the bound's favour, as in the aggregated model, so the model's optimum
+is a valid lower bound (up to ``search.rounding_ticks``) and every backend, CP-SAT included,
+solves the same problem.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tangram_opt.planner.aggregated import StageType
+from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
+
+
+def role_at(k: int, stages: int) -> str:
+    """Role of position ``k`` (0 = first stage) in a pipeline of ``stages`` >= 2 stages."""
+    return "first" if k == 0 else "last" if k == stages - 1 else "mid"
+
+
+def position_types(problem: PipelineProblem, types: Sequence[StageType], need: int, hi: float) -> list[StageType]:
+    """The types that can stand at a position holding ``need`` micro-batches in flight, no slower
+    than ``hi``, Pareto-pruned per (island, layers).
+
+    A type is dropped when another of the same island and layers uses no more GPUs and is no
+    worse in forward+backward time, forward time and step tail. Swapping it in keeps the plan
+    feasible (its tolerance already covers this position) and never lengthens the closed form:
+    no block gets longer, the sum of stage times drops by ``T_t - T_s``, and the backward can
+    shrink by at most that much (``F_s <= F_t``), which is all a downstream stage's exposed tail
+    can grow by. Tolerance beyond ``need`` buys nothing here, so unlike ``enumerate_types`` it is
+    not a criterion."""
+    cands = problem.candidates
+    groups: dict[tuple, list[StageType]] = {}
+    for t in types:
+        if t.tolerance >= need and t.time_s <= hi * (1 + 1e-12):
+            groups.setdefault((cands[t.candidate].island, t.layers), []).append(t)
+    kept: list[StageType] = []
+    for group in groups.values():
+        group.sort(key=lambda t: (t.time_s, cands[t.candidate].gpus, t.fwd_s, t.tail_s))
+        front: list[StageType] = []
+        for t in group:
+            g = cands[t.candidate].gpus
+            if not any(f.time_s <= t.time_s and f.fwd_s <= t.fwd_s and f.tail_s <= t.tail_s
+                       and cands[f.candidate].gpus <= g for f in front):
+                front.append(t)
+        kept.extend(front)
+    return kept
+
+
+@dataclass(slots=True)
+class SequenceMIP:
+    """The built model of one window and stage count, plus the maps to decode and encode plans."""
+
+    problem: PipelineProblem
+    options: FormulationOptions
+    #: the window's stage types by role (types slower than ``upper_s`` are left out here)
+    types: dict[str, list[StageType]]
+    stages: int
+    lower_s: float
+    upper_s: float
+    #: integer auxiliary variables (times, links, period, tail): needed by backends that solve
+    #: all-integer models only (CP-SAT); elsewhere they are continuous, which the binaries already
+    #: make integral except the period and the tail, whose rounding the search's margin covers
+    integral: bool = False
+    model: LinearModel = field(default_factory=LinearModel)
+    #: per position, its types; ``x[k][j]`` is the binary of ``at[k][j]``
+    at: list[list[StageType]] = field(default_factory=list)
+    x: list[list[Var]] = field(default_factory=list)
+    y: dict[tuple[int, int, int], Var] = field(default_factory=dict)
+    aux: dict[str, Var] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return any(not ts for ts in self.at)
+
+    @property
+    def columns(self) -> int:
+        return sum(len(ts) for ts in self.at)
+
+    def build(self) -> SequenceMIP:
+        p, o, P = self.problem, self.options, self.stages
+        assert p.schedule == "1f1b" and P >= 2, "sequence models are for 1F1B pipelines of two or more stages"
+        m, tick = p.num_micro_batches, o.tick_s
+        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731  lower-bound rounding
+        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731  upper-bound rounding
+        self.at = [position_types(p, self.types.get(role_at(k, P), []), min(P - k, m), self.upper_s)
+                   for k in range(P)]
+        if self.empty:
+            return self
+        md = self.model
+        md.name = f"sequence_b{p.pipeline_micro_batch}_P{P}"
+        cands = p.candidates
+        islands = sorted(p.island_gpus)
+        self.x = [[md.add_binary(f"x[{k},{j}]") for j in range(len(ts))] for k, ts in enumerate(self.at)]
+
+        def row(name: str, coefs: dict[int, float], lb: float, ub: float) -> None:
+            md.add(Constraint(coefs, lb, ub), name)
+
+        def per_position(k: int, value) -> dict[int, float]:  # type: ignore[no-untyped-def]
+            return {v.index: float(value(t)) for v, t in zip(self.x[k], self.at[k]) if value(t)}
+
+        for k in range(P):
+            row(f"one[{k}]", {v.index: 1.0 for v in self.x[k]}, 1.0, 1.0)
+        for kind in p.kinds:
+            coefs: dict[int, float] = {}
+            for k in range(P):
+                coefs.update(per_position(k, lambda t: t.layer_dict.get(kind, 0)))
+            row(f"layers[{kind}]", coefs, p.layers[kind], p.layers[kind])
+        for i in islands:
+            coefs = {}
+            for k in range(P):
+                coefs.update(per_position(k, lambda t: cands[t.candidate].gpus if cands[t.candidate].island == i else 0))
+            row(f"gpus[{i}]", coefs, -math.inf, p.island_gpus[i])
+
+        # stage times, backward and tail per position as integer variables: the block rows then
+        # stay sparse (every block references its positions' time variables, not their types)
+        def defined(name: str, k: int, value) -> Var:  # type: ignore[no-untyped-def]
+            coefs = {i: -a for i, a in per_position(k, value).items()}
+            var = md.add_var(f"{name}[{k}]", 0, -min(coefs.values(), default=0.0), integer=self.integral)
+            coefs[var.index] = 1.0
+            row(f"{name}_def[{k}]", coefs, 0.0, 0.0)
+            return var
+
+        T = [defined("T", k, lambda t: fl(t.time_s)) for k in range(P)]
+        B = [defined("B", k, lambda t: ce(t.bwd_s)) for k in range(P)]
+
+        # links: island indicators of neighbouring positions, joined by a transport (at integer
+        # points y is the product of the two indicators: one pair of islands per boundary)
+        def island_of(k: int, i: int) -> dict[int, float]:
+            return {v.index: 1.0 for v, t in zip(self.x[k], self.at[k]) if cands[t.candidate].island == i}
+
+        c_lo: list[Var] = []  # link time rounded down (period, objective)
+        c_hi: list[Var] = []  # rounded up (upstream time of the step tail)
+        for k in range(P - 1):
+            for i in islands:
+                for j in islands:
+                    self.y[k, i, j] = md.add_var(f"y[{k},{i},{j}]", 0, 1, integer=self.integral)
+            for i in islands:
+                coefs = {self.y[k, i, j].index: 1.0 for j in islands}
+                coefs.update({ix: -1.0 for ix in island_of(k, i)})
+                row(f"link_out[{k},{i}]", coefs, 0.0, 0.0)
+                coefs = {self.y[k, j, i].index: 1.0 for j in islands}
+                coefs.update({ix: -1.0 for ix in island_of(k + 1, i)})
+                row(f"link_in[{k},{i}]", coefs, 0.0, 0.0)
+            for name, rnd, out in (("c", fl, c_lo), ("cup", ce, c_hi)):
+                coefs = {self.y[k, i, j].index: -float(rnd(p.p2p_s[i, j])) for i in islands for j in islands}
+                var = md.add_var(f"{name}[{k}]", 0, -min(coefs.values()), integer=self.integral)
+                coefs[var.index] = 1.0
+                row(f"{name}_def[{k}]", coefs, 0.0, 0.0)
+                out.append(var)
+
+        # the period: every link, and every block of fewer than m consecutive stages
+        # without a finite window the period is at most the slowest block of one stage or link
+        hi_t = ce(self.upper_s) if math.isfinite(self.upper_s) else max(
+            [fl(t.time_s) for ts in self.at for t in ts] + [fl(c) for c in p.p2p_s.values()])
+        lam = self.aux["lam"] = md.add_var("lam", min(fl(self.lower_s), hi_t), hi_t, integer=self.integral)
+        lo_t = self.model.vars[lam.index].lb
+        for k in range(P):
+            # lam >= max(lo, T_k): the convex hull of the position's choice. The block row of one
+            # stage, lam >= sum_j T_j x[k, j], lets a light type pull the average below lo; this
+            # one counts only the types above lo, which is what makes the LP respect the window
+            coefs = {v.index: -float(fl(t.time_s) - lo_t) for v, t in zip(self.x[k], self.at[k])
+                     if fl(t.time_s) > lo_t}
+            if coefs:
+                coefs[lam.index] = 1.0
+                row(f"period[{k}]", coefs, lo_t, math.inf)
+        for k in range(P - 1):
+            row(f"link[{k}]", {lam.index: 1.0, c_lo[k].index: -1.0}, 0.0, math.inf)
+        # two stages too slow to neighbour each other within the window: w = T + (cheapest link
+        # touching the island) above hi makes any two of them a block slower than hi, so of two
+        # neighbouring positions at most one holds such a type (a clique; it keeps the LP from
+        # spreading heavy types over neighbouring positions a fraction at a time)
+        if math.isfinite(self.upper_s):
+            cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+            cmin = {i: min(cpair[i, j] for j in islands) for i in islands}
+            heavy = [{v.index for v, t in zip(self.x[k], self.at[k])
+                      if t.time_s + cmin[cands[t.candidate].island] > self.upper_s * (1 + 1e-9)} for k in range(P)]
+            for k in range(P - 1):
+                if heavy[k] and heavy[k + 1]:
+                    row(f"clique[{k}]", {i: 1.0 for i in heavy[k] | heavy[k + 1]}, -math.inf, 1.0)
+        for a in range(P):
+            for b in range(a, min(P, a + m - 1)):
+                coefs = {lam.index: float(b - a + 1)}
+                for k in range(a, b + 1):
+                    coefs[T[k].index] = -1.0
+                for k in range(a, b):
+                    coefs[c_lo[k].index] = -2.0
+                row(f"block[{a},{b}]", coefs, 0.0, math.inf)
+
+        # the step tail: Y >= tail_k - (backward and links upstream of k)
+        max_tail = max((fl(t.tail_s) for ts in self.at for t in ts), default=0)
+        Y = self.aux["Y"] = md.add_var("Y", 0, max_tail, integer=self.integral)
+        for k in range(P):
+            coefs = {i: -a for i, a in per_position(k, lambda t: fl(t.tail_s)).items()}
+            if not coefs:
+                continue
+            coefs[Y.index] = 1.0
+            for j in range(k):
+                coefs[B[j].index] = 1.0
+                coefs[c_hi[j].index] = 1.0
+            row(f"tail[{k}]", coefs, 0.0, math.inf)
+
+        obj: dict[int, float] = {lam.index: float(m - 1), Y.index: 1.0}
+        for var in T:
+            obj[var.index] = 1.0
+        for var in c_lo:
+            obj[var.index] = 2.0
+        md.minimize(LinExpr(obj))
+        self.aux.update({f"T[{k}]": v for k, v in enumerate(T)})
+        self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
+        self.aux.update({f"c[{k}]": v for k, v in enumerate(c_lo)})
+        self.aux.update({f"cup[{k}]": v for k, v in enumerate(c_hi)})
+        return self
+
+    # --- solutions -----------------------------------------------------------------------
+    def decode(self, values: Sequence[float]) -> list[StageChoice]:
+        """The plan of a solution, in pipeline order."""
+        out = []
+        for k in range(self.stages):
+            j = max(range(len(self.x[k])), key=lambda j: values[self.x[k][j].index])
+            t = self.at[k][j]
+            out.append(StageChoice(candidate=t.candidate, layers=t.layer_dict))
+        return out
+
+    def hint_from(self, stages: Sequence[StageChoice]) -> dict[Var, float] | None:
+        """Variable values encoding a plan (pipeline order) of this stage count, or None when the
+        plan is not in this model: one of its stages is not among its position's types (pruned as
+        dominated, fixed by reduced costs, or too slow for the window) or its period is above it."""
+        if len(stages) != self.stages or self.empty:
+            return None
+        p, tick = self.problem, self.options.tick_s
+        m, cands, kinds = p.num_micro_batches, p.candidates, p.kinds
+        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731
+        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731
+        vals: dict[Var, float] = {v: 0.0 for v in self.model.vars}
+        chosen: list[StageType] = []
+        for k, st in enumerate(stages):
+            key = (st.candidate, tuple(sorted((kd, st.layers.get(kd, 0)) for kd in kinds)))
+            j = next((j for j, t in enumerate(self.at[k]) if (t.candidate, t.layers) == key), None)
+            if j is None:
+                return None
+            vals[self.x[k][j]] = 1.0
+            chosen.append(self.at[k][j])
+        isl = [cands[t.candidate].island for t in chosen]
+        T = [fl(t.time_s) for t in chosen]
+        c = [fl(p.p2p_s[isl[k], isl[k + 1]]) for k in range(self.stages - 1)]
+        cup = [ce(p.p2p_s[isl[k], isl[k + 1]]) for k in range(self.stages - 1)]
+        for k in range(self.stages):
+            vals[self.aux[f"T[{k}]"]] = float(T[k])
+            vals[self.aux[f"B[{k}]"]] = float(ce(chosen[k].bwd_s))
+        for k in range(self.stages - 1):
+            vals[self.y[k, isl[k], isl[k + 1]]] = 1.0
+            vals[self.aux[f"c[{k}]"]] = float(c[k])
+            vals[self.aux[f"cup[{k}]"]] = float(cup[k])
+        lam = max([self.model.vars[self.aux["lam"].index].lb, *c] + [
+            math.ceil((sum(T[a:b + 1]) + 2 * sum(c[a:b])) / (b - a + 1) - 1e-9)
+            for a in range(self.stages) for b in range(a, min(self.stages, a + m - 1))])
+        if lam > self.model.vars[self.aux["lam"].index].ub:
+            return None
+        upstream, y = 0, 0
+        for k, t in enumerate(chosen):
+            y = max(y, fl(t.tail_s) - upstream)
+            upstream += ce(t.bwd_s) + (cup[k] if k < self.stages - 1 else 0)
+        vals[self.aux["lam"]] = float(lam)
+        vals[self.aux["Y"]] = float(y)
+        return vals
+
+
+__all__ = ["SequenceMIP", "position_types", "role_at"]

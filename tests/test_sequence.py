@@ -1,0 +1,168 @@
+"""The sequence model (planner/sequence.py) is exact: its optimum over one period window and stage
+count is the best plan there, found by exhaustive enumeration, and every such plan encodes as a
+feasible point priced no higher than its step time (formulations/pipeline_mip.md §3b)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.assemble import choices_timing
+from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulation import FormulationOptions
+from tangram_opt.planner.search import _tick_for, rounding_ticks
+from tangram_opt.planner.sequence import SequenceMIP, position_types
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.solvers import SolveOptions, SolveStatus, available_backends, get_backend, solve_model
+from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+
+GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
+MODELS = ["llama-3-8b", "mixtral-8x7b", "deepseek-v2-lite"]
+
+
+@st.composite
+def instances(draw):
+    n_groups = draw(st.integers(1, 3))
+    gpus = draw(st.lists(st.sampled_from(GPUS), min_size=n_groups, max_size=n_groups, unique=True))
+    groups = [dict(name=f"g{i}", gpu=g, nodes=draw(st.integers(1, 2)), gpus_per_node=draw(st.sampled_from([1, 2])),
+                   nic_gbps=draw(st.sampled_from([25, 100, 400])))
+              for i, g in enumerate(gpus)]
+    model = load_model(draw(st.sampled_from(MODELS))).with_layers(draw(st.integers(3, 4)))
+    training = TrainingSpec(global_batch_size=draw(st.sampled_from([8, 16])), seq_len=1024,
+                            precision="fp16" if "V100-32" in gpus else "bf16")
+    space = SearchSpace(max_stages=3, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(1, 2))
+    return PlanningContext(make_cluster("random", groups), model, training, space=space)
+
+
+def _plans_by_size(problem):
+    """Multi-stage plans by stage count: (exact step time, period, plan)."""
+    out: dict[int, list] = {}
+    for plan in enumerate_plans(problem):
+        if len(plan) >= 2:
+            timing = choices_timing(problem, list(plan))
+            out.setdefault(len(plan), []).append((timing.step_time_s, timing.bottleneck_s, plan))
+    return out
+
+
+def _solve(seq: SequenceMIP, backend: str = "highs"):
+    return solve_model(seq.model, backend, SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False))
+
+
+def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
+    """For every stage count and every period cap ``hi`` at a plan's period: the model of the
+    window [0, hi] has the best plan of that size with period <= hi as its optimum, and every
+    such plan is a feasible point priced no higher than its step time. Returns the windows checked."""
+    types = enumerate_types(problem)
+    checked = 0
+    integral = backend != "highs"  # as the search builds them (search.sequence_integral)
+    for P, plans in _plans_by_size(problem).items():
+        sized = dataclasses.replace(problem, min_stages=P, max_stages=P)
+        for hi in sorted({lam for _, lam, _ in plans})[::every]:
+            inside = [(t, plan) for t, lam, plan in plans if lam <= hi * (1 + 1e-12)]
+            best = min(t for t, _ in inside)
+            # ticks for the model's own scale, as the search picks them (hi <= incumbent / m there)
+            tick = _tick_for(max(best, problem.num_micro_batches * hi))
+            seq = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi, integral=integral).build()
+            slack = rounding_ticks(problem.num_micro_batches) * tick
+            assert not seq.empty
+            res = _solve(seq, backend)
+            assert res.status == SolveStatus.OPTIMAL, res.status
+            # valid (no higher than the best plan, up to the period's rounding) and exact (lower
+            # only by the coefficients rounded down to whole ticks: below 1e-5 here)
+            assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, hi, best, res.objective * tick)
+            # its solution is a real plan of that size, as fast as the model says
+            decoded = choices_timing(problem, seq.decode(res.values))
+            assert decoded.step_time_s == pytest.approx(best, rel=1e-6)
+            for t, plan in inside:
+                hint = seq.hint_from(list(plan))
+                if hint is None:  # a stage type pruned as dominated at its position
+                    continue
+                x = [0.0] * len(seq.model.vars)
+                for var, val in hint.items():
+                    x[var.index] = val
+                assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]
+                assert seq.model.objective.value(x) * tick <= t + slack
+            checked += 1
+    return checked
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if problem.candidates and problem.schedule == "1f1b":
+            _check_problem(problem)
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_sequence_model_is_exact_on_every_backend(backend):
+    # unequal links (fast H100 nodes beside slow-NIC L4 nodes) so the link terms matter
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    # the OR-Tools wrappers take a few seconds per model here: fewer windows than HiGHS
+    assert _check_problem(ctx.problem(2), backend, every=2 if backend == "highs" else 6) >= 5
+
+
+def test_position_types_keep_a_dominating_type_for_every_type_they_drop():
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, cp=(1,), micro_batch_sizes=(1, 2), pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    cands = problem.candidates
+    mids = enumerate_types(problem)["mid"]
+    # one micro-batch in flight (the last position): tolerance buys nothing, so types that
+    # enumerate_types kept only for their tolerance go
+    kept = position_types(problem, mids, need=1, hi=math.inf)
+    assert len(kept) < len(mids)
+    for t in mids:
+        assert any(cands[k.candidate].island == cands[t.candidate].island and k.layers == t.layers
+                   and cands[k.candidate].gpus <= cands[t.candidate].gpus and k.time_s <= t.time_s
+                   and k.fwd_s <= t.fwd_s and k.tail_s <= t.tail_s for k in kept)
+
+
+def test_stage_range_rows_hold_for_every_plan_of_the_range():
+    # the search bounds a window's stage range with AggregatedMIP.with_stage_range: every plan of
+    # that many stages must stay a feasible point, priced no higher than its step time
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=5, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    types = enumerate_types(problem)
+    checked = 0
+    for P, plans in _plans_by_size(problem).items():
+        for t, lam, plan in plans[::7]:
+            tick = _tick_for(t)
+            mip = AggregatedMIP(problem, FormulationOptions(tick_s=tick), all_types=types, lower_tmax_s=lam * 0.99,
+                                upper_tmax_s=lam * 1.01).build()
+            for first, last in ((P, P), (max(2, P - 1), P), (P, P + 1)):
+                child = mip.with_stage_range(first, last)
+                hint = child.hint_from(list(plan))
+                if hint is None:
+                    continue
+                x = [0.0] * len(child.model.vars)
+                for var, val in hint.items():
+                    x[var.index] = val
+                assert not child.model.check(x, tol=1e-6), (P, first, last, child.model.check(x, tol=1e-6)[:3])
+                slack = rounding_ticks(problem.num_micro_batches) * tick
+                assert child.model.objective.value(x) * tick <= t + slack
+                checked += 1
+            # the parent model is left as it was
+            assert not any(c.name.startswith("stages_") for c in mip.model.constraints)
+    assert checked >= 20
