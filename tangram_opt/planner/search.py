@@ -17,7 +17,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
@@ -31,6 +31,7 @@ from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
 from tangram_opt.planner.plan import Certificate, Plan
+from tangram_opt.planner.sequence import SequenceMIP
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import (DEFAULT_BACKEND, SolveOptions, SolveStatus, get_backend, lp_relaxation_bound,
                                  relative_gap, solve_model)
@@ -75,6 +76,11 @@ PRIMAL_IDLE_TURNS = 8
 PRIMAL_MAX_EVERY = 8
 #: knapsack plans whose layer split is polished (the best orders by exact step time)
 KNAPSACK_PLAN_POLISH = 8
+#: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
+#: the stage count and solved per stage count by the sequence model (sequence.py)
+SEQUENCE_WINDOW_RATIO = 1.02
+#: a sequence model with more stage-type columns than this goes to the aggregated leaf instead
+SEQUENCE_MAX_COLUMNS = 40000
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +133,14 @@ class _Node:
     tail_hi_s: float = field(default=math.inf, compare=False)
     #: stage types no plan of this window better than the incumbent uses (``AggregatedMIP.fixed_types``)
     excluded_types: frozenset = field(default=frozenset(), compare=False)
+    #: stage counts (first, last) of the plans this node holds; None: any
+    stages: tuple[int, int] | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"
+        if self.stages is not None:
+            a, z = self.stages
+            text += f", {a} stages" if a == z else f", {a}-{z} stages"
         if self.tail_lo_s is not None or math.isfinite(self.tail_hi_s):
             lo = 0.0 if self.tail_lo_s is None else self.tail_lo_s
             hi = "inf" if not math.isfinite(self.tail_hi_s) else f"{1e3 * self.tail_hi_s:.0f}"
@@ -209,7 +220,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           calibration: Calibration | None = None, provider: CandidateProvider | None = None,
           moe_load_imbalance: float | Callable[[int, int], float] = 1.0, expert_loads: Any = None,
           formulation: str = "aggregated", windows: bool = True,
-          fluid_cuts: bool = True, knapsack: bool = True,
+          fluid_cuts: bool = True, knapsack: bool = True, sequence_leaves: bool = True,
           on_progress: Callable[[SearchEvent], None] | None = None,
           multi_pipeline: bool | Any = True) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
@@ -225,8 +236,10 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     ``moe_load_imbalance`` sets that ratio directly (a number, or a function of ``(ep, gpus_per_node)``).
 
     ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time),
-    ``fluid_cuts`` and ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py)
-    switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb.
+    ``fluid_cuts``, ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py) and
+    ``sequence_leaves`` (narrow windows solved per stage count by the order-exact sequence model,
+    sequence.py, instead of the aggregated model with step-tail windows) switch the modelling
+    choices compared in docs/notebooks/solver_gaps.ipynb.
 
     ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
     the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
@@ -253,7 +266,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     single_limit_s = time_limit_s * (MULTI_PIPELINE_SINGLE_SHARE if multi_pipeline else 1.0)
     search = _BranchAndBound(ctx, backend=backend, time_limit_s=single_limit_s, threads=threads, seed=seed,
                              rel_gap=rel_gap, formulation=formulation, windows=windows, fluid_cuts=fluid_cuts,
-                             knapsack=knapsack,
+                             knapsack=knapsack, sequence=sequence_leaves,
                              warm_start=warm_start, on_progress=on_progress, t0=t0)
     plan = search.run()
     if not multi_pipeline:
@@ -283,13 +296,17 @@ class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
-                 primal_backoff: bool = True, on_progress: Callable[[SearchEvent], None] | None, t0: float):
+                 primal_backoff: bool = True, sequence: bool = True,
+                 on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
-        self.leaf_ratio = LEAF_WINDOW_RATIO if leaf_ratio is None else leaf_ratio
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
         self.knapsack, self.order_rows, self.primal_backoff = knapsack, order_rows, primal_backoff
         self.windows = windows and formulation == "aggregated" and ctx.space.schedule == "1f1b"
+        #: narrow windows are split on the stage count and solved by the sequence model
+        self.sequence = sequence and self.windows
+        self.leaf_ratio = leaf_ratio if leaf_ratio is not None else (
+            SEQUENCE_WINDOW_RATIO if self.sequence else LEAF_WINDOW_RATIO)
         self.warm_start, self.on_progress, self.t0 = warm_start, on_progress, t0
         self.events: list[SearchEvent] = []
         self.subs: dict[int, _Sub] = {}
@@ -334,12 +351,18 @@ class _BranchAndBound:
         if self.on_progress is not None:
             self.on_progress(ev)
 
+    def target_s(self) -> float:
+        """Plans at or above this are of no interest: the incumbent less the requested relative
+        gap (``rel_gap``). A node with nothing below it closes at it, so the final gap is at most
+        ``rel_gap`` once every node is closed."""
+        return self.inc_s * (1 - self.rel_gap)
+
     def cutoff_ticks(self, mip: Any) -> float | None:
-        """The incumbent in the ticks of ``mip``'s objective, plus the rounding margin: a plan
-        better than the incumbent has a model objective below it."""
+        """The target in the ticks of ``mip``'s objective, plus the rounding margin: a plan better
+        than the target has a model objective below it."""
         if not math.isfinite(self.inc_s):
             return None
-        return self.inc_s / mip.options.tick_s + rounding_ticks(mip.problem.num_micro_batches)
+        return self.target_s() / mip.options.tick_s + rounding_ticks(mip.problem.num_micro_batches)
 
     def close(self, node: _Node, bound_s: float) -> None:
         self.closed_bounds.setdefault(node.b, []).append(bound_s)
@@ -388,9 +411,10 @@ class _BranchAndBound:
             if self.remaining() <= 0.05:
                 heapq.heappush(self.open, node)
                 break
-            if self.windows and math.isfinite(node.hi_s) and (
-                    node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio or self.tail_split_point(node) is not None):
+            if self.windows and math.isfinite(node.hi_s) and self.splittable(node):
                 self.split(node)
+            elif self.sequence and node.stages is not None and node.stages[0] == node.stages[1]:
+                self.solve_sequence(node)
             else:
                 self.solve_leaf(node)
             self.spent[node.b] = self.spent.get(node.b, 0.0) + time.perf_counter() - started
@@ -453,7 +477,7 @@ class _BranchAndBound:
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
-                                primal_backoff=False, on_progress=None, t0=time.perf_counter())
+                                primal_backoff=False, sequence=False, on_progress=None, t0=time.perf_counter())
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
@@ -540,27 +564,47 @@ class _BranchAndBound:
             self.offer(sub.b, choices, t)
         sub.info["knapsack_plans"] = len(ordered)
 
-    def build(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
-              tail_hi: float = math.inf, excluded: frozenset = frozenset()) -> AggregatedMIP | PositionalMIP | None:
+    def formulation_options(self, sub: _Sub) -> FormulationOptions:
         cutoff = self.inc_s if math.isfinite(self.inc_s) else None
         ref = self.inc_s if math.isfinite(self.inc_s) else sub.lower_bound_s * 2
-        fopts = FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref),
-                                   order_rows=self.order_rows)
+        return FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=_tick_for(ref),
+                                  order_rows=self.order_rows)
+
+    @staticmethod
+    def with_stages(problem: PipelineProblem, stages: tuple[int, int] | None) -> PipelineProblem:
+        """``problem`` restricted to pipelines of ``stages[0] .. stages[1]`` stages."""
+        if stages is None:
+            return problem
+        return replace(problem, min_stages=max(problem.min_stages, stages[0]),
+                       max_stages=min(problem.max_stages, stages[1]))
+
+    def build(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None, tail_hi: float = math.inf,
+              excluded: frozenset = frozenset(), stages: tuple[int, int] | None = None
+              ) -> AggregatedMIP | PositionalMIP | None:
+        fopts = self.formulation_options(sub)
         if self.formulation == "positional":
             return PositionalMIP(sub.problem, fopts).build()
         if sub.types is None:
             sub.types = enumerate_types(sub.problem, cutoff)
             sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
-        mip = AggregatedMIP(sub.problem, fopts, all_types=sub.types, lower_tmax_s=lo, upper_tmax_s=hi,
-                            lower_tail_s=tail_lo, upper_tail_s=tail_hi, excluded_types=excluded)
+        mip = AggregatedMIP(self.with_stages(sub.problem, stages), fopts, all_types=sub.types, lower_tmax_s=lo,
+                            upper_tmax_s=hi, lower_tail_s=tail_lo, upper_tail_s=tail_hi, excluded_types=excluded)
         mip.build()
         return None if mip.empty else mip
 
-    def evaluate(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None,
-                 tail_hi: float = math.inf, excluded: frozenset = frozenset()) -> _Node | None:
+    def evaluate(self, sub: _Sub, lo: float, hi: float, tail_lo: float | None = None, tail_hi: float = math.inf,
+                 excluded: frozenset = frozenset(), stages: tuple[int, int] | None = None,
+                 parent: AggregatedMIP | None = None) -> _Node | None:
         """Build the window's model and bound it by its LP relaxation (None: nothing in it).
-        ``excluded``: stage types an enclosing window's LP fixed to 0 (reduced costs)."""
-        mip = self.build(sub, lo, hi, tail_lo, tail_hi, excluded)
+        ``excluded``: stage types an enclosing window's LP fixed to 0 (reduced costs); ``stages``:
+        only pipelines of that many stages; ``parent``: the model of the same window (all stage
+        counts), restricted instead of built again."""
+        if parent is not None and stages is not None:
+            mip: AggregatedMIP | PositionalMIP | None = parent.with_stage_range(*stages)
+            if mip.empty:  # type: ignore[union-attr]
+                mip = None
+        else:
+            mip = self.build(sub, lo, hi, tail_lo, tail_hi, excluded, stages)
         sub.info["windows"] += 1
         if mip is None:
             return None
@@ -569,7 +613,7 @@ class _BranchAndBound:
         sub.info.setdefault("columns", st.columns)
         sub.info.setdefault("integers", st.integer_columns)
         # reduced-cost fixing: columns that cannot be in a plan better than the incumbent go
-        cutoff = self.inc_s / mip.options.tick_s if math.isfinite(self.inc_s) else None
+        cutoff = self.target_s() / mip.options.tick_s if math.isfinite(self.inc_s) else None
         lp = lp_relaxation_bound(mip.model, time_limit_s=max(1.0, self.time_limit_s / 10), cutoff=cutoff)
         sub.info["lp_solves"] += 1
         slack = rounding_ticks(sub.problem.num_micro_batches) * mip.options.tick_s
@@ -579,7 +623,7 @@ class _BranchAndBound:
             return None
         fixed = mip.fixed_types() if isinstance(mip, AggregatedMIP) else frozenset()
         return _Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip, tail_lo_s=tail_lo, tail_hi_s=tail_hi,
-                     excluded_types=fixed)
+                     excluded_types=fixed, stages=stages)
 
     def root(self, sub: _Sub) -> None:
         if self.pruned(sub.lower_bound_s):
@@ -619,9 +663,26 @@ class _BranchAndBound:
         sub.info["lp_bound_s"] = node.bound_s
         heapq.heappush(self.open, node)
 
+    def splittable(self, node: _Node) -> bool:
+        """Wider than a leaf: on the period, then on the stage count (sequence leaves) or on the
+        largest step tail (aggregated leaves)."""
+        if node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio:
+            return True
+        if self.sequence:
+            return node.stages is None or node.stages[0] < node.stages[1]
+        return self.tail_split_point(node) is not None
+
+    def stage_range(self, node: _Node) -> tuple[int, int]:
+        """Stage counts of the plans in ``node`` (pipelines of one stage are enumerated apart)."""
+        if node.stages is not None:
+            return node.stages
+        p = self.subs[node.b].problem
+        return max(2, p.min_stages), p.max_stages
+
     def tail_split_point(self, node: _Node) -> float | None:
-        """Midpoint of the node's window on the largest step tail, or None when it is narrow."""
-        if not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
+        """Midpoint of the node's window on the largest step tail, or None when it is narrow (or
+        when narrow windows go to sequence leaves, which price the tail exactly)."""
+        if self.sequence or not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
             return None
         tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
         if not tails:
@@ -634,30 +695,46 @@ class _BranchAndBound:
 
     def split(self, node: _Node) -> None:
         """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
-        wider than ``leaf_ratio`` (LEAF_WINDOW_RATIO), then on the largest step tail (arithmetic midpoint).
-        Restricting the tail helps the LP for the same reason restricting the time does: a type
-        outside the window cannot be used "a little", and the window's lower edge forces a stage
-        whose tail needs cover upstream (``AggregatedMIP._tail_window_rows``). Time first: the
-        period term dominates the objective, and tail windows make the leaf MIPs small."""
+        wider than ``leaf_ratio``, then either on the stage count (halves of its range; with
+        sequence leaves, the default) or on the largest step tail (arithmetic midpoint; with
+        aggregated leaves). A stage range is bounded by the aggregated LP of pipelines of that many
+        stages, which is often much tighter than the window's (the cycle and Hall rows know P).
+        Restricting the tail helps the aggregated LP for the same reason restricting the time
+        does: a type outside the window cannot be used "a little", and the window's lower edge
+        forces a stage whose tail needs cover upstream (``AggregatedMIP._tail_window_rows``).
+        Time first: the period term dominates the objective."""
         sub = self.subs[node.b]
         hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
         if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
             self.close(node, self.inc_s)
             return
+        stages = node.stages
         if hi / max(node.lo_s, 1e-30) > self.leaf_ratio:
             mid = math.sqrt(node.lo_s * hi)
-            windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s), (mid, hi, node.tail_lo_s, node.tail_hi_s)]
+            windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s, stages),
+                       (mid, hi, node.tail_lo_s, node.tail_hi_s, stages)]
+        elif self.sequence:
+            first, last = self.stage_range(node)
+            if first == last:  # one stage count left (the only one, or the incumbent capped the window)
+                node.hi_s, node.stages = hi, (first, last)
+                self.solve_sequence(node)
+                return
+            half = (first + last) // 2
+            windows = [(node.lo_s, hi, None, math.inf, (first, half)), (node.lo_s, hi, None, math.inf, (half + 1, last))]
         else:
             theta = self.tail_split_point(node)
             if theta is None:  # narrow in both once the incumbent capped the time window
                 node.hi_s = hi
                 self.solve_leaf(node)
                 return
-            windows = [(node.lo_s, hi, node.tail_lo_s, theta), (node.lo_s, hi, theta, node.tail_hi_s)]
-        for w in windows:
-            child = self.evaluate(sub, *w, excluded=node.excluded_types)
+            windows = [(node.lo_s, hi, node.tail_lo_s, theta, stages), (node.lo_s, hi, theta, node.tail_hi_s, stages)]
+        same_window = self.sequence and hi == node.hi_s and isinstance(node.mip, AggregatedMIP)
+        for lo_c, hi_c, tail_lo, tail_hi, stages_c in windows:
+            parent = node.mip if same_window and stages_c is not None and hi_c == node.hi_s else None
+            child = self.evaluate(sub, lo_c, hi_c, tail_lo, tail_hi, excluded=node.excluded_types, stages=stages_c,
+                                  parent=parent)
             if child is None:
-                self.close(node, self.inc_s)  # nothing in this half beats the incumbent
+                self.close(node, self.target_s())  # nothing in this half beats the target
                 continue
             child.bound_s = max(child.bound_s, node.bound_s)
             if self.pruned(child.bound_s):
@@ -730,7 +807,7 @@ class _BranchAndBound:
                 self.explore_alternatives(node, mip, res.values, budget)
         if res.status == SolveStatus.INFEASIBLE:
             # nothing left in this window beats the cutoff but the support classes cut off it
-            self.close(node, min(node.excluded_s, self.inc_s))
+            self.close(node, min(node.excluded_s, self.target_s()))
         elif res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
             slack = rounding_ticks(sub.problem.num_micro_batches) * tick
             model_b = res.bound * tick - slack if res.bound is not None else -math.inf
@@ -744,6 +821,75 @@ class _BranchAndBound:
                 node.bound_s, node.tries = b, node.tries + 1
                 heapq.heappush(self.open, node)
         self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
+
+    def solve_sequence(self, node: _Node) -> None:
+        """Solve a leaf of one window and one stage count with the sequence model (exact in the
+        order of the stages; formulations/pipeline_mip.md §3b) against the target as cutoff.
+        Optimal: the leaf closes at its optimum, whose plan is offered; infeasible: nothing in it
+        beats the target; time limit: back to the queue with the model's dual bound and twice
+        the time."""
+        sub = self.subs[node.b]
+        assert node.stages is not None and node.stages[0] == node.stages[1] and sub.types is not None
+        P = node.stages[0]
+        hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+        if hi <= node.lo_s:
+            self.close(node, self.inc_s)
+            return
+        built = node.mip.options.cutoff_s if node.mip is not None else None
+        if built is not None and self.inc_s < built * (1 - REBUILD_CUTOFF_GAIN):
+            # the incumbent improved since this node's LP: re-bound it, fixing more stage types
+            fresh = self.evaluate(sub, node.lo_s, hi, excluded=node.excluded_types, stages=node.stages)
+            if fresh is None or self.pruned(fresh.bound_s):
+                self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
+                return
+            node.mip, node.bound_s, node.excluded_types = fresh.mip, max(node.bound_s, fresh.bound_s), fresh.excluded_types
+        skip = node.excluded_types
+        types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip] for role, ts in sub.types.items()}
+        seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
+                          node.lo_s, hi, integral=self.backend != "highs").build()
+        if seq.empty:  # some position has no stage type left: no plan of this size beats the target
+            self.close(node, self.target_s())
+            return
+        if seq.columns > SEQUENCE_MAX_COLUMNS:
+            sub.info["sequence_too_large"] = sub.info.get("sequence_too_large", 0) + 1
+            self.solve_leaf(node)
+            return
+        for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
+                [self.seeds[sub.b][1]] if sub.b in self.seeds else []):
+            hint = seq.hint_from(cand)
+            if hint is not None:
+                seq.model.set_hint(hint)
+                break
+        n_open = 1 + len(self.open)
+        budget = min(self.remaining(), max(2.0, self.remaining() / n_open) * 2 ** node.tries)
+        tick = seq.options.tick_s
+        base = self.elapsed()
+        res = solve_model(seq.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
+                                                                seed=self.seed, rel_gap=self.rel_gap,
+                                                                cutoff=self.cutoff_ticks(seq), presolve=False))
+        sub.info["sequence_solves"] = sub.info.get("sequence_solves", 0) + 1
+        sub.solve_time_s += res.solve_time_s
+        self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
+                                   None if q.bound is None else q.bound * tick) for q in res.trajectory])
+        slack = rounding_ticks(sub.problem.num_micro_batches) * tick
+        if res.values is not None:
+            choices = seq.decode(res.values)
+            self.offer(sub.b, choices, choices_timing(sub.problem, choices).step_time_s)
+        if res.status == SolveStatus.INFEASIBLE:
+            self.close(node, self.target_s())
+        elif res.status == SolveStatus.OPTIMAL and res.objective is not None:
+            self.close(node, min(self.inc_s, max(node.bound_s, res.objective * tick - slack)))
+        elif res.status in (SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
+            bound = max(node.bound_s, res.bound * tick - slack if res.bound is not None else -math.inf)
+            if self.pruned(bound):
+                self.close(node, bound)
+            else:
+                node.bound_s, node.tries = bound, node.tries + 1
+                heapq.heappush(self.open, node)
+        else:
+            self.close(node, node.bound_s)
+            sub.info["last_status"] = f"error: {res.message}"
+        self.emit(f"b={node.b}: sequence {node.describe()} {res.status.value}")
 
     def refine(self, node: _Node, mip: AggregatedMIP, res: Any, budget: float) -> Any:
         """Tighten a window whose model optimum lies below the incumbent.
@@ -835,7 +981,8 @@ class _BranchAndBound:
                                   f"{self.backend!r}; raise time_limit_s or try another backend")
         bound = self.global_bound()
         gap = relative_gap(self.inc_s, bound) if math.isfinite(bound) else None
-        status = "optimal" if gap is not None and gap <= max(self.rel_gap, 1e-6) else "feasible"
+        # nodes close at the target, incumbent * (1 - rel_gap): allow its floating-point rounding
+        status = "optimal" if gap is not None and gap <= max(self.rel_gap, 1e-6) * (1 + 1e-9) else "feasible"
         b, choices = self.inc
         pipe = pipeline_plan(ctx, self.subs[b].problem, choices)
         self.emit("done")
@@ -853,7 +1000,8 @@ class _BranchAndBound:
             status=status, backend=self.backend, objective_s=self.inc_s, bound_s=bound, gap=gap,
             solve_time_s=self.elapsed(), plan_space=space_text, subproblems=tuple(rows),
             trajectory=tuple((e.elapsed_s, e.incumbent_s, e.bound_s) for e in self.events),
-            notes=(f"formulation: {self.formulation}" + (" with bottleneck windows" if self.windows else ""),
+            notes=(f"formulation: {self.formulation}" + (" with bottleneck windows" if self.windows else "")
+                   + (" and sequence leaves" if self.sequence else ""),
                    f"greedy warm start {greedy_best:.6f} s" if greedy_best is not None else "no warm start",
                    f"candidates kept after exact Pareto pruning: {_pruning_note(ctx)}"))
         return make_plan(ctx, [pipe], method="mip", certificate=cert)
