@@ -115,6 +115,20 @@ def test_sequence_model_is_exact_on_every_backend(backend):
     assert _check_problem(ctx.problem(2), backend, every=2 if backend == "highs" else 6) >= 5
 
 
+@pytest.mark.parametrize("micro_batches", [2, 3])
+def test_sequence_model_is_exact_with_few_micro_batches(micro_batches):
+    # with m = 2 no block of two stages bounds the period: two slow neighbours are allowed, so
+    # the clique rows (of two neighbouring positions, at most one slow type) must be left out
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                          TrainingSpec(global_batch_size=2 * micro_batches, seq_len=1024), space=space)
+    assert ctx.problem(2).num_micro_batches == micro_batches
+    assert _check_problem(ctx.problem(2)) >= 5
+
+
 def test_position_types_keep_a_dominating_type_for_every_type_they_drop():
     cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
                                      dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])

@@ -189,8 +189,9 @@ class SequenceMIP:
         # two stages too slow to neighbour each other within the window: w = T + (cheapest link
         # touching the island) above hi makes any two of them a block slower than hi, so of two
         # neighbouring positions at most one holds such a type (a clique; it keeps the LP from
-        # spreading heavy types over neighbouring positions a fraction at a time)
-        if math.isfinite(self.upper_s):
+        # spreading heavy types over neighbouring positions a fraction at a time). Blocks of two
+        # stages bound the period only when m > 2 micro-batches circulate.
+        if math.isfinite(self.upper_s) and m > 2:
             cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
             cmin = {i: min(cpair[i, j] for j in islands) for i in islands}
             heavy = [{v.index for v, t in zip(self.x[k], self.at[k])
