@@ -57,10 +57,12 @@ def instance(request):
     return cluster, model, training, space, best
 
 
+@pytest.mark.parametrize("leaves", ["aggregated", "sequence"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_solve_matches_brute_force(instance, backend):
+def test_solve_matches_brute_force(instance, backend, leaves):
     cluster, model, training, space, best = instance
-    plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9)
+    plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9,
+                 sequence_leaves=leaves == "sequence")
     cert = plan.certificate
     # the certificate is valid (its bound is below every plan) and the plan is the optimum
     assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
@@ -214,6 +216,9 @@ def test_bad_arguments_are_spec_errors():
               formulation="magic")
     with pytest.raises(SpecError, match="training.precision"):
         solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"))
+    with pytest.raises(SpecError, match="rel_gap.*0.01"):
+        solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"),
+              rel_gap=1.0)
 
 
 def test_plan_json_round_trip(tmp_path):

@@ -81,6 +81,15 @@ KNAPSACK_PLAN_POLISH = 8
 SEQUENCE_WINDOW_RATIO = 1.02
 #: a sequence model with more stage-type columns than this goes to the aggregated leaf instead
 SEQUENCE_MAX_COLUMNS = 40000
+#: the search first proves this relative gap (when ``rel_gap`` is smaller), then starts again
+#: from the roots with the requested one, keeping the first proof as a floor under the bound
+FIRST_PASS_GAP = 0.01
+#: the least time a sequence leaf gets (doubled each time it comes back unfinished)
+SEQUENCE_FIRST_BUDGET_S = 5.0
+#: ``sequence_leaves=None`` (the default) turns them on when the single-pipeline search has at
+#: least this long: below it the aggregated leaves reach a smaller gap, above it the sequence
+#: leaves do (formulations/pipeline_mip.md §5, "Sequence leaves")
+SEQUENCE_MIN_TIME_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +229,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           calibration: Calibration | None = None, provider: CandidateProvider | None = None,
           moe_load_imbalance: float | Callable[[int, int], float] = 1.0, expert_loads: Any = None,
           formulation: str = "aggregated", windows: bool = True,
-          fluid_cuts: bool = True, knapsack: bool = True, sequence_leaves: bool = True,
+          fluid_cuts: bool = True, knapsack: bool = True, sequence_leaves: bool | None = None,
           on_progress: Callable[[SearchEvent], None] | None = None,
           multi_pipeline: bool | Any = True) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
@@ -236,10 +245,14 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     ``moe_load_imbalance`` sets that ratio directly (a number, or a function of ``(ep, gpus_per_node)``).
 
     ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time),
-    ``fluid_cuts``, ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py) and
-    ``sequence_leaves`` (narrow windows solved per stage count by the order-exact sequence model,
-    sequence.py, instead of the aggregated model with step-tail windows) switch the modelling
-    choices compared in docs/notebooks/solver_gaps.ipynb.
+    ``fluid_cuts`` and ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py)
+    switch the modelling choices compared in docs/notebooks/solver_gaps.ipynb. ``sequence_leaves``:
+    narrow windows are solved per stage count by the order-exact sequence model (sequence.py)
+    instead of the aggregated model split on step tails; None (default) when the single-pipeline
+    search has at least ``SEQUENCE_MIN_TIME_S`` (formulations/pipeline_mip.md §5).
+
+    ``rel_gap``: the search stops once the plan is proved within this relative gap of the best
+    plan in the model (0.01: within 1%, which is reached much sooner than the default's 0.01%).
 
     ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
     the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
@@ -256,6 +269,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     if formulation not in FORMULATIONS:
         raise SpecError("formulation", formulation, "is not a known formulation",
                         f"use one of {', '.join(FORMULATIONS)}")
+    if not (isinstance(rel_gap, (int, float)) and 0.0 <= rel_gap < 1.0):
+        raise SpecError("rel_gap", rel_gap, "is not a relative gap in [0, 1)", "use e.g. 0.01 for within 1%")
     space = space or SearchSpace()
     if expert_loads is not None:
         from tangram_opt.experts import ImbalanceModel
@@ -264,6 +279,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
                           moe_load_imbalance=moe_load_imbalance)
     single_limit_s = time_limit_s * (MULTI_PIPELINE_SINGLE_SHARE if multi_pipeline else 1.0)
+    if sequence_leaves is None:
+        sequence_leaves = single_limit_s >= SEQUENCE_MIN_TIME_S
     search = _BranchAndBound(ctx, backend=backend, time_limit_s=single_limit_s, threads=threads, seed=seed,
                              rel_gap=rel_gap, formulation=formulation, windows=windows, fluid_cuts=fluid_cuts,
                              knapsack=knapsack, sequence=sequence_leaves,
@@ -296,7 +313,7 @@ class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
-                 primal_backoff: bool = True, sequence: bool = True,
+                 primal_backoff: bool = True, sequence: bool = True, first_pass: bool = True,
                  on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
@@ -312,6 +329,9 @@ class _BranchAndBound:
         self.subs: dict[int, _Sub] = {}
         self.open: list[_Node] = []  # heap by bound
         self.closed_bounds: dict[int, list[float]] = {}  # per b: bounds of pruned/solved nodes
+        #: the relative gap of this pass (``FIRST_PASS_GAP`` first, then ``rel_gap``)
+        self.gap = max(rel_gap, FIRST_PASS_GAP) if first_pass else rel_gap
+        self.floor: dict[int, float] = {}  # per b: the bound an earlier pass proved
         self.inc_s = math.inf
         self.inc: tuple[int, list[StageChoice]] | None = None
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
@@ -338,7 +358,7 @@ class _BranchAndBound:
         parts = [n.bound_s for n in self.open if n.b == sub.b] + self.closed_bounds.get(sub.b, [])
         multi = min(parts) if parts else (math.inf if sub.status != "open" else sub.lower_bound_s)
         single = sub.single_s if sub.single_s is not None else math.inf
-        return min(multi, single)
+        return max(self.floor.get(sub.b, -math.inf), min(multi, single))
 
     def global_bound(self) -> float:
         return min([self.inc_s] + [self.sub_bound(s) for s in self.subs.values()])
@@ -352,10 +372,10 @@ class _BranchAndBound:
             self.on_progress(ev)
 
     def target_s(self) -> float:
-        """Plans at or above this are of no interest: the incumbent less the requested relative
-        gap (``rel_gap``). A node with nothing below it closes at it, so the final gap is at most
-        ``rel_gap`` once every node is closed."""
-        return self.inc_s * (1 - self.rel_gap)
+        """Plans at or above this are of no interest: the incumbent less the relative gap of this
+        pass. A node with nothing below it closes at it, so the gap is at most that once every
+        node is closed."""
+        return self.inc_s * (1 - self.gap)
 
     def cutoff_ticks(self, mip: Any) -> float | None:
         """The target in the ticks of ``mip``'s objective, plus the rounding margin: a plan better
@@ -368,7 +388,7 @@ class _BranchAndBound:
         self.closed_bounds.setdefault(node.b, []).append(bound_s)
 
     def pruned(self, bound_s: float) -> bool:
-        return bound_s >= self.inc_s * (1 - self.rel_gap)
+        return bound_s >= self.target_s()
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -399,6 +419,23 @@ class _BranchAndBound:
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
+        self.branch_and_bound()
+        while not self.open and self.gap > self.rel_gap and self.remaining() > 1.0:
+            self.next_pass(live)
+            self.branch_and_bound()
+        still_open = [n for n in self.open if not self.pruned(n.bound_s)]
+        for n in self.open:
+            if self.pruned(n.bound_s):
+                self.close(n, n.bound_s)
+        self.open = still_open
+        heapq.heapify(self.open)
+        for sub in live:
+            if sub.status == "open":
+                sub.status = "closed" if not any(n.b == sub.b for n in self.open) else "not finished (time limit)"
+        return self.finish()
+
+    def branch_and_bound(self) -> None:
+        """Nodes by best bound (with primal turns) until none is open or the time is up."""
         turn, every, idle = 0, 2, 0  # a primal turn every ``every`` nodes (backs off while they find nothing)
         while self.open:
             primal = turn % every == every - 1
@@ -424,16 +461,26 @@ class _BranchAndBound:
                 idle += 1
                 if idle >= PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, PRIMAL_MAX_EVERY), 0
-        still_open = [n for n in self.open if not self.pruned(n.bound_s)]
-        for n in self.open:
-            if self.pruned(n.bound_s):
-                self.close(n, n.bound_s)
-        self.open = still_open
-        heapq.heapify(self.open)
-        for sub in live:
-            if sub.status == "open":
-                sub.status = "closed" if not any(n.b == sub.b for n in self.open) else "not finished (time limit)"
-        return self.finish()
+
+    def next_pass(self, live: list[_Sub]) -> None:
+        """Every node of the first pass is closed: keep each sub-problem's bound as a floor and
+        search again from the roots against ``rel_gap``. The first pass closes nodes at a target
+        1% below the incumbent, so it fixes more stage types and proves far sooner; the floor
+        keeps its proof if the second pass runs out of time. (Aggregated leaves may close below
+        the target when their support-class cuts run out, so the first pass ends within 1% only
+        when they do not.)"""
+        for sub in self.subs.values():
+            self.floor[sub.b] = self.sub_bound(sub)
+        self.gap, self.closed_bounds = self.rel_gap, {}
+        self.emit(f"first pass ({100 * FIRST_PASS_GAP:g}% below the incumbent) closed every node; "
+                  f"searching again for {100 * self.rel_gap:g}%")
+        for sub in sorted(live, key=lambda s: self.floor[s.b]):
+            if self.pruned(self.floor[sub.b]):
+                self.closed_bounds[sub.b] = [self.floor[sub.b]]
+            else:
+                sub.status = "open"
+                self.root(sub)
+        self.emit("root bounds (second pass)")
 
     def next_node(self, primal: bool) -> _Node:
         """Best-bound (raises the global bound) or, on a primal turn, the pipeline
@@ -477,7 +524,8 @@ class _BranchAndBound:
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
-                                primal_backoff=False, sequence=False, on_progress=None, t0=time.perf_counter())
+                                primal_backoff=False, sequence=False, first_pass=False, on_progress=None,
+                                t0=time.perf_counter())
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
@@ -720,7 +768,8 @@ class _BranchAndBound:
                 self.solve_sequence(node)
                 return
             half = (first + last) // 2
-            windows = [(node.lo_s, hi, None, math.inf, (first, half)), (node.lo_s, hi, None, math.inf, (half + 1, last))]
+            windows = [(node.lo_s, hi, None, math.inf, (first, half)),
+                       (node.lo_s, hi, None, math.inf, (half + 1, last))]
         else:
             theta = self.tail_split_point(node)
             if theta is None:  # narrow in both once the incumbent capped the time window
@@ -842,7 +891,8 @@ class _BranchAndBound:
             if fresh is None or self.pruned(fresh.bound_s):
                 self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
-            node.mip, node.bound_s, node.excluded_types = fresh.mip, max(node.bound_s, fresh.bound_s), fresh.excluded_types
+            node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
+            node.bound_s = max(node.bound_s, fresh.bound_s)
         skip = node.excluded_types
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip] for role, ts in sub.types.items()}
         seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
@@ -861,7 +911,7 @@ class _BranchAndBound:
                 seq.model.set_hint(hint)
                 break
         n_open = 1 + len(self.open)
-        budget = min(self.remaining(), max(2.0, self.remaining() / n_open) * 2 ** node.tries)
+        budget = min(self.remaining(), max(SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
         tick = seq.options.tick_s
         base = self.elapsed()
         res = solve_model(seq.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
@@ -878,7 +928,9 @@ class _BranchAndBound:
         if res.status == SolveStatus.INFEASIBLE:
             self.close(node, self.target_s())
         elif res.status == SolveStatus.OPTIMAL and res.objective is not None:
-            self.close(node, min(self.inc_s, max(node.bound_s, res.objective * tick - slack)))
+            # optimal within the solver's relative gap (rel_gap): its dual bound, not the objective
+            proved = res.bound if res.bound is not None else res.objective
+            self.close(node, min(self.inc_s, max(node.bound_s, proved * tick - slack)))
         elif res.status in (SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
             bound = max(node.bound_s, res.bound * tick - slack if res.bound is not None else -math.inf)
             if self.pruned(bound):

@@ -129,7 +129,8 @@ class SequenceMIP:
         for i in islands:
             coefs = {}
             for k in range(P):
-                coefs.update(per_position(k, lambda t: cands[t.candidate].gpus if cands[t.candidate].island == i else 0))
+                coefs.update(per_position(
+                    k, lambda t: cands[t.candidate].gpus if cands[t.candidate].island == i else 0))
             row(f"gpus[{i}]", coefs, -math.inf, p.island_gpus[i])
 
         # stage times, backward and tail per position as integer variables: the block rows then
