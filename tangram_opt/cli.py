@@ -100,6 +100,18 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _gap(text: str) -> float:
+    """A relative gap: a fraction (0.01) or a percentage (1%)."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a gap; write e.g. 0.01 or 1%") from None
+    if not math.isfinite(v) or not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a gap in [0, 1); write e.g. 0.01 or 1%")
+    return v
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
@@ -187,6 +199,8 @@ docs: docs/cli.md""")
     pl.add_argument("--training", metavar="FILE", help="training spec YAML/JSON (replaces --batch/--seq/--precision)")
     pl.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
                     help="solver time limit in seconds (default 60); 0 = heuristic plan and bound only, no MIP")
+    pl.add_argument("--gap", type=_gap, default=1e-4, metavar="G",
+                    help="stop once the plan is proved within this relative gap, e.g. 0.01 or 1%% (default 0.01%%)")
     pl.add_argument("--backend", default=None, help="MIP backend: highs (default), cp-sat, scip, cbc, pulp-cbc")
     pl.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="solver threads (default 1)")
     pl.add_argument("--seed", type=int, default=0, metavar="N", help="solver random seed (default 0)")
@@ -485,7 +499,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{training.global_batch_size} x {training.seq_len} tokens, {training.precision}, backend {backend}")
     with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet) as progress:
         plan = solve(cluster, model, training, time_limit_s=args.time_limit, backend=backend, threads=args.threads,
-                     seed=args.seed, space=space, warm_start=not args.no_warm_start, on_progress=progress)
+                     seed=args.seed, rel_gap=args.gap, space=space, warm_start=not args.no_warm_start,
+                     on_progress=progress)
     _print(summary_renderable(plan), args.width)
     if args.output:
         path = save_plan_file(args.output, plan, cluster=cluster, model=model, training=training)

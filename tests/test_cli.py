@@ -199,6 +199,8 @@ def test_bench_delegates_to_benchmarks_run(tmp_path):
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-9"), "llama-9"),
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--batch", "0"), "--batch"),
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--time-limit", "soon"), "--time-limit"),
+    (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--gap", "5 percent"), "--gap"),
+    (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--gap", "150%"), "--gap"),
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--backend", "gurobi9"), "backend"),
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--precision", "bf16"), "precision"),
     (("plan", "--cluster", "tiny-mixed", "--model", "llama-3-8b", "--export", "slurm"), "slurm"),
@@ -340,3 +342,10 @@ def test_live_progress_renders_a_bar_and_the_figures():
         text = con.export_text()
     assert "best 1.1000 s" in text and "bound 1.0000 s" in text and "gap 9.09%" in text
     assert "sub-problem incumbent 1.2311 s" in text
+
+
+def test_gap_takes_a_fraction_or_a_percentage():
+    assert cli._gap("0.02") == pytest.approx(0.02)
+    assert cli._gap("1%") == pytest.approx(0.01)
+    assert cli._gap(" 0.5% ") == pytest.approx(0.005)
+    assert cli._gap("0") == 0.0
