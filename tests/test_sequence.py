@@ -19,7 +19,7 @@ from tangram_opt.planner.formulation import FormulationOptions
 from tangram_opt.planner.search import _tick_for, rounding_ticks
 from tangram_opt.planner.sequence import SequenceMIP, position_types
 from tangram_opt.planner.space import SearchSpace
-from tangram_opt.solvers import SolveOptions, SolveStatus, available_backends, get_backend, solve_model
+from tangram_opt.solvers import SolveOptions, SolveStatus, available_backends, solve_model
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 
 GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
@@ -93,6 +93,17 @@ def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
     return checked
 
 
+def _mixed(batch: int = 16, max_stages: int = 4, space: SearchSpace | None = None) -> PlanningContext:
+    """Llama-3-8B (5 layers) on fast H100 nodes beside slow-NIC L4 nodes: unequal links, so the
+    link terms matter; b = 2."""
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = space or SearchSpace(max_stages=max_stages, zero=(0, 3), recompute=("none",), cp=(1,),
+                                 micro_batch_sizes=(1,), pipeline_micro_batches=(2,))
+    return PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                           TrainingSpec(global_batch_size=batch, seq_len=1024), space=space)
+
+
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
@@ -104,13 +115,7 @@ def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
 
 @pytest.mark.parametrize("backend", available_backends())
 def test_sequence_model_is_exact_on_every_backend(backend):
-    # unequal links (fast H100 nodes beside slow-NIC L4 nodes) so the link terms matter
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
-                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
-    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
-                        pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
-                          seq_len=1024), space=space)
+    ctx = _mixed()
     # the OR-Tools wrappers take a few seconds per model here: fewer windows than HiGHS
     assert _check_problem(ctx.problem(2), backend, every=2 if backend == "highs" else 6) >= 5
 
@@ -119,22 +124,13 @@ def test_sequence_model_is_exact_on_every_backend(backend):
 def test_sequence_model_is_exact_with_few_micro_batches(micro_batches):
     # with m = 2 no block of two stages bounds the period: two slow neighbours are allowed, so
     # the clique rows (of two neighbouring positions, at most one slow type) must be left out
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
-                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
-    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
-                        pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
-                          TrainingSpec(global_batch_size=2 * micro_batches, seq_len=1024), space=space)
+    ctx = _mixed(batch=2 * micro_batches)
     assert ctx.problem(2).num_micro_batches == micro_batches
     assert _check_problem(ctx.problem(2)) >= 5
 
 
 def test_position_types_keep_a_dominating_type_for_every_type_they_drop():
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
-                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
-    space = SearchSpace(max_stages=4, cp=(1,), micro_batch_sizes=(1, 2), pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
-                          seq_len=1024), space=space)
+    ctx = _mixed(space=SearchSpace(max_stages=4, cp=(1,), micro_batch_sizes=(1, 2), pipeline_micro_batches=(2,)))
     problem = ctx.problem(2)
     cands = problem.candidates
     mids = enumerate_types(problem)["mid"]
@@ -151,12 +147,7 @@ def test_position_types_keep_a_dominating_type_for_every_type_they_drop():
 def test_stage_range_rows_hold_for_every_plan_of_the_range():
     # the search bounds a window's stage range with AggregatedMIP.with_stage_range: every plan of
     # that many stages must stay a feasible point, priced no higher than its step time
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
-                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
-    space = SearchSpace(max_stages=5, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
-                        pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
-                          seq_len=1024), space=space)
+    ctx = _mixed(max_stages=5)
     problem = ctx.problem(2)
     types = enumerate_types(problem)
     checked = 0
