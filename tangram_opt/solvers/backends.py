@@ -247,8 +247,10 @@ class CpSatBackend(Backend):
             obj, bound = solver.objective_value, solver.best_objective_bound
             traj.record(obj, bound, elapsed)
             vals = [float(solver.value(x)) for x in xs]
-            return SolveResult(status=st, backend=self.name, objective=obj, bound=bound if st != SolveStatus.OPTIMAL
-                               else obj, values=vals, solve_time_s=elapsed, trajectory=traj.points, pool=pool)
+            if st == SolveStatus.OPTIMAL:
+                bound = _optimal_bound(obj, bound, options.rel_gap)
+            return SolveResult(status=st, backend=self.name, objective=obj, bound=bound, values=vals,
+                               solve_time_s=elapsed, trajectory=traj.points, pool=pool)
         bound = solver.best_objective_bound if st == SolveStatus.NO_SOLUTION else None
         return SolveResult(status=st, backend=self.name, bound=bound, solve_time_s=elapsed, trajectory=traj.points,
                            message=solver.status_name(status))
@@ -328,8 +330,8 @@ class LinearSolverBackend(Backend):
             val = obj.Value()
             bound = obj.BestBound() if any(v.integer for v in model.vars) else val
             st = SolveStatus.OPTIMAL if status == pywraplp.Solver.OPTIMAL else SolveStatus.FEASIBLE
-            if st == SolveStatus.OPTIMAL and not math.isfinite(bound):
-                bound = val
+            if st == SolveStatus.OPTIMAL:
+                bound = _optimal_bound(val, bound, options.rel_gap) if any(v.integer for v in model.vars) else val
             traj.record(val, bound, elapsed)
             return SolveResult(status=st, backend=self.name, objective=val, bound=bound,
                                values=[x.solution_value() for x in xs], solve_time_s=elapsed, trajectory=traj.points)
@@ -457,7 +459,8 @@ class HighsBackend(Backend):
                 # every node was pruned at the cutoff; what HiGHS kept is a solution above it
                 return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed,
                                    message="no solution below the cutoff")
-            bound = obj if optimal or not mip else _num(str(info.mip_dual_bound))
+            dual = _num(str(info.mip_dual_bound))
+            bound = obj if not mip else _optimal_bound(obj, dual, options.rel_gap) if optimal else dual
             traj.record(obj, bound, elapsed)
             rc = list(h.getSolution().col_dual) if (relax and optimal) else None
             return SolveResult(status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, backend=self.name,
@@ -488,6 +491,15 @@ def _cutoff_limit(model: LinearModel, options: SolveOptions) -> float | None:
     if model.is_integral:  # integer objective: below the cutoff is at most ceil(cutoff) - 1
         return float(math.ceil(limit - 1e-9) - 1)
     return limit - 1e-9 * max(1.0, abs(limit))
+
+
+def _optimal_bound(objective: float, dual: float | None, rel_gap: float) -> float:
+    """The dual bound of a MIP its solver calls optimal. Solvers stop at their relative gap
+    (``SolveOptions.rel_gap``), so the objective itself is not a bound: take the solver's dual
+    bound, or, when it reports none, the objective less the gap it was allowed."""
+    if dual is not None and math.isfinite(dual) and dual <= objective + 1e-9 * max(1.0, abs(objective)):
+        return dual
+    return objective - rel_gap * max(1.0, abs(objective))
 
 
 def _num(s: str) -> float | None:
@@ -585,8 +597,8 @@ class PulpCbcBackend(Backend):
             bound = _num(lower.group(1)) if lower else None
             optimal = sol == pulp.LpSolutionOptimal and "Stopped" not in log
             st = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
-            if st == SolveStatus.OPTIMAL or bound is None and st == SolveStatus.OPTIMAL:
-                bound = obj
+            if st == SolveStatus.OPTIMAL:
+                bound = _optimal_bound(obj, bound, options.rel_gap)
             traj.record(obj, bound, elapsed)
             return SolveResult(status=st, backend=self.name, objective=obj, bound=bound, values=vals,
                                solve_time_s=elapsed, trajectory=traj.points)
