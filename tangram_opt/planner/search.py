@@ -704,9 +704,9 @@ class _BranchAndBound:
             hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)  # type: ignore[union-attr]
             hi = max(hi, max(sub.problem.p2p_s.values()), lo)
         node = self.evaluate(sub, lo, hi)
-        if node is None:
+        if node is None:  # nothing in the root window beats the target
             sub.status = "no multi-stage plan better than incumbent" if math.isfinite(self.inc_s) else "infeasible"
-            self.closed_bounds.setdefault(sub.b, []).append(self.inc_s)
+            self.closed_bounds.setdefault(sub.b, []).append(self.target_s())
             return
         sub.info["lp_bound_s"] = node.bound_s
         heapq.heappush(self.open, node)
@@ -779,7 +779,8 @@ class _BranchAndBound:
             windows = [(node.lo_s, hi, node.tail_lo_s, theta, stages), (node.lo_s, hi, theta, node.tail_hi_s, stages)]
         same_window = self.sequence and hi == node.hi_s and isinstance(node.mip, AggregatedMIP)
         for lo_c, hi_c, tail_lo, tail_hi, stages_c in windows:
-            parent = node.mip if same_window and stages_c is not None and hi_c == node.hi_s else None
+            parent = node.mip if (same_window and stages_c is not None and lo_c == node.lo_s
+                                  and hi_c == node.hi_s) else None
             child = self.evaluate(sub, lo_c, hi_c, tail_lo, tail_hi, excluded=node.excluded_types, stages=stages_c,
                                   parent=parent)
             if child is None:
@@ -804,7 +805,7 @@ class _BranchAndBound:
             fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s,
                                   excluded=node.excluded_types) if hi > node.lo_s else None
             if fresh is None or self.pruned(fresh.bound_s):
-                self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
+                self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
             node.mip, node.hi_s, node.bound_s = fresh.mip, hi, max(node.bound_s, fresh.bound_s)
             mip = fresh.mip
@@ -889,7 +890,7 @@ class _BranchAndBound:
             # the incumbent improved since this node's LP: re-bound it, fixing more stage types
             fresh = self.evaluate(sub, node.lo_s, hi, excluded=node.excluded_types, stages=node.stages)
             if fresh is None or self.pruned(fresh.bound_s):
-                self.close(node, self.inc_s if fresh is None else max(node.bound_s, fresh.bound_s))
+                self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
             node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
             node.bound_s = max(node.bound_s, fresh.bound_s)
