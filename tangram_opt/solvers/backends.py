@@ -81,6 +81,8 @@ class SolveResult:
     status: SolveStatus
     backend: str
     objective: float | None = None
+    #: the solver's dual bound: no solution is below it (also when the solver calls its answer
+    #: optimal, which it does within ``SolveOptions.rel_gap``)
     bound: float | None = None
     values: list[float] | None = None
     solve_time_s: float = 0.0
@@ -94,7 +96,8 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        """Relative gap ``(incumbent - bound) / |incumbent|`` (0 when optimal, None without both)."""
+        """Relative gap ``(incumbent - bound) / |incumbent|`` (at most the solver's ``rel_gap`` when
+        optimal, None without both)."""
         if self.status == SolveStatus.OPTIMAL:
             return 0.0
         if self.objective is None or self.bound is None:
