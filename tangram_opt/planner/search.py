@@ -301,8 +301,6 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
     summary = getattr(imbalance, "summary", None)
     if summary is None:
         return plan
-    from dataclasses import replace
-
     used = {s.ep for s in plan.stages if s.ep > 1 and s.num_moe_layers}
     info = summary()
     info["ep_degrees"] = [d for d in info["ep_degrees"] if d["ep"] in used]
@@ -510,8 +508,6 @@ class _BranchAndBound:
         set (the fastest candidates per island and size) with a share of the time. Its plans are
         real plans of the full space (their candidates are full-space candidates), so they become
         incumbents and sharpen the cutoff; its bounds are not used."""
-        from dataclasses import replace
-
         from tangram_opt.planner.candidates import AnalyticalCandidates
 
         ctx = self.ctx
