@@ -247,6 +247,25 @@ def test_layer_is_cached_deterministic_and_fast():
     assert cm.layer(n, cfgs[0], "moe") is costs[0]
 
 
+def test_embedding_and_head_cache_keys_only_what_they_read():
+    """The vocabulary costs are shared across EP degrees (and, but for a fully recomputed head,
+    recomputation modes); each shared value equals a fresh computation for that configuration."""
+    t = TrainingSpec(global_batch_size=512, seq_len=4096)
+    cm = CostModel(MIXTRAL, t)
+    n = node()
+    cfgs = [StageConfig(tp=tp, dp=dp, ep=ep, zero=z, recompute=r, micro_batch_size=b)
+            for tp in (1, 4) for dp in (2, 8) for ep in (1, 2) for z in (0, 3)
+            for r in ("none", "selective", "full") for b in (1, 2)]
+    for c in cfgs:
+        fresh = CostModel(MIXTRAL, t)
+        assert cm.embedding(n, c) == fresh.embedding(n, c)
+        assert cm.head(n, c) == fresh.head(n, c)
+    base = StageConfig(tp=4, dp=8, ep=1, zero=1, recompute="none")
+    assert cm.embedding(n, base) is cm.embedding(n, StageConfig(tp=4, dp=8, ep=2, zero=1, recompute="full"))
+    assert cm.head(n, base) is cm.head(n, StageConfig(tp=4, dp=8, ep=2, zero=1, recompute="selective"))
+    assert cm.head(n, base) != cm.head(n, StageConfig(tp=4, dp=8, zero=1, recompute="full"))
+
+
 def test_moe_kind_on_dense_model_is_an_error():
     cm = CostModel(LLAMA8, TrainingSpec(global_batch_size=8, seq_len=4096))
     with pytest.raises(SpecError):

@@ -455,18 +455,21 @@ class CostModel:
 
     def embedding(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
         """Extra cost of the first stage: token (and position) embedding, vocab-parallel."""
-        key = ("embedding", node, cfg)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._cache[key] = self._vocab_cost(node, cfg, "embedding")
-        return hit
+        return self._vocab_cached(node, cfg, "embedding")
 
     def head(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
         """Extra cost of the last stage: final norm, LM head and loss; logits are transient."""
-        key = ("head", node, cfg)
+        return self._vocab_cached(node, cfg, "head")
+
+    def _vocab_cached(self, node: NodeSpec, cfg: StageConfig, which: str) -> LayerCost:
+        """``_vocab_cost`` keyed by what it reads: not the EP degree (the vocabulary is dense), and
+        of the recomputation mode only whether the head is fully recomputed. MoE searches price
+        the same embedding for every EP degree otherwise."""
+        key = (which, node, cfg.tp, cfg.cp, cfg.dp, cfg.zero, cfg.micro_batch_size, cfg.sequence_parallel,
+               which == "head" and cfg.recompute == "full")
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._vocab_cost(node, cfg, "head")
+            hit = self._cache[key] = self._vocab_cost(node, cfg, which)
         return hit
 
     # --- pipeline point-to-point -----------------------------------------------------------------------

@@ -66,16 +66,21 @@ class StageType:
 
 def _tolerance(c: Candidate, layers: dict[str, int], *, first: bool, last: bool, q_min: int, m: int) -> int:
     """Largest in-flight count q in [q_min, m] at which the stage fits (q_min - 1 if none)."""
-    if c.memory_bytes(layers, q_min, first=first, last=last) > c.capacity_bytes:
+    def fits(q: int) -> bool:
+        return c.memory_bytes(layers, q, first=first, last=last) <= c.capacity_bytes
+
+    if not fits(q_min):
         return q_min - 1
-    lo, hi = q_min, m
-    while lo < hi:  # memory is non-decreasing in q
-        mid = (lo + hi + 1) // 2
-        if c.memory_bytes(layers, mid, first=first, last=last) <= c.capacity_bytes:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # memory is affine and non-decreasing in q: start from the closed form, then step to the
+    # exact boundary of the same predicate (floating-point rounding may put it one off)
+    base = c.memory_bytes(layers, 0, first=first, last=last)
+    per_q = c.memory_bytes(layers, 1, first=first, last=last) - base
+    q = m if per_q <= 0 else max(q_min, min(m, int((c.capacity_bytes - base) // per_q)))
+    while q > q_min and not fits(q):
+        q -= 1
+    while q < m and fits(q + 1):
+        q += 1
+    return q
 
 
 def stage_type(problem: PipelineProblem, ci: int, role: str, layers: dict[str, int]) -> StageType | None:

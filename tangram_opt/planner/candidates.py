@@ -38,14 +38,17 @@ class Candidate:
     head: LayerCost
     capacity_bytes: float
     label: str = ""
+    #: the largest transient of one layer (scratch of the layer being computed): read on every
+    #: memory check, so computed once
+    layer_transient_bytes: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_transient_bytes",
+                           max((c.transient_bytes for c in self.layer.values()), default=0.0))
 
     @property
     def gpus(self) -> int:
         return self.config.gpus
-
-    @property
-    def layer_transient_bytes(self) -> float:
-        return max((c.transient_bytes for c in self.layer.values()), default=0.0)
 
     def max_layers(self, kind: str, inflight: int, *, first: bool, last: bool) -> int:
         """Most layers of ``kind`` that fit in memory at a stage with ``inflight`` micro-batches."""
@@ -179,6 +182,22 @@ class AnalyticalCandidates:
         self.stats.merge(st)
         self._cache[key] = kept
         return kept
+
+
+class HeuristicallyPruned:
+    """Another provider's candidates cut by :func:`heuristic_prune` (not exact). The rows are the
+    base provider's own objects, so a plan over them is a plan over the base table too."""
+
+    def __init__(self, base: CandidateProvider, kinds: Sequence[str], keep: int):
+        self.base, self.kinds, self.keep = base, tuple(kinds), keep
+        self._cache: dict[tuple[int, int], list[Candidate]] = {}
+
+    def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
+        key = (island.index, pipeline_micro_batch)
+        if key not in self._cache:
+            self._cache[key] = heuristic_prune(self.base.candidates(island, pipeline_micro_batch), self.kinds,
+                                               self.keep)
+        return self._cache[key]
 
 
 def coefficient_matrix(rows: Sequence[Candidate], kinds: Sequence[str], *, schedule: str) -> np.ndarray:

@@ -508,14 +508,14 @@ class _BranchAndBound:
         set (the fastest candidates per island and size) with a share of the time. Its plans are
         real plans of the full space (their candidates are full-space candidates), so they become
         incumbents and sharpen the cutoff; its bounds are not used."""
-        from tangram_opt.planner.candidates import AnalyticalCandidates
+        from tangram_opt.planner.candidates import HeuristicallyPruned
 
         ctx = self.ctx
-        if not isinstance(ctx.provider, AnalyticalCandidates):
-            return
+        # the full context's candidate tables, cut: nothing is priced twice
         small_space = replace(ctx.space, heuristic_keep=RESTRICTED_PRIMAL_KEEP)
         small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
-                                provider=AnalyticalCandidates(ctx.model, ctx.cost, small_space))  # type: ignore[arg-type]
+                                provider=HeuristicallyPruned(ctx.provider, ctx.kinds,  # type: ignore[arg-type]
+                                                             RESTRICTED_PRIMAL_KEEP))
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
@@ -529,10 +529,10 @@ class _BranchAndBound:
         if inner.inc is None:
             return
         b, choices = inner.inc
-        full = {(c.island, c.config): i for i, c in enumerate(self.subs[b].problem.candidates)}
+        full = {id(c): i for i, c in enumerate(self.subs[b].problem.candidates)}
         small_cands = inner.subs[b].problem.candidates
-        mapped = [StageChoice(candidate=full[(small_cands[ch.candidate].island, small_cands[ch.candidate].config)],
-                              layers=dict(ch.layers)) for ch in choices]
+        mapped = [StageChoice(candidate=full[id(small_cands[ch.candidate])], layers=dict(ch.layers))
+                  for ch in choices]
         t = choices_timing(self.subs[b].problem, mapped).step_time_s
         self.offer(b, mapped, t)
         self.emit(f"restricted search (fastest {RESTRICTED_PRIMAL_KEEP} candidates per island and size): "
