@@ -38,7 +38,7 @@ NEIGHBOUR_THRESHOLDS = 8
 #: also one neighbour row per island and threshold (the heavy stages of that island alone)
 NEIGHBOUR_PER_ISLAND = True
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
-TAIL_WINDOW_ROWS = 8
+TAIL_WINDOW_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -631,8 +631,9 @@ class AggregatedMIP:
         such stage k has only stages with tails <= theta upstream of it (never the last stage), so
         Y >= tail_k - U_k >= (least tail above theta) - (backward of the stages with tails <= theta
         + every link), and every link leaving a stage with a tail above theta is downstream of k.
-        Several theta are used: with theta just below the window, a stage whose tail is a little
-        smaller than the window's lower edge is not counted as upstream cover.
+        Several theta are used, from lower_tail_s down to 0: with theta just below the window, a
+        stage whose tail is a little smaller than the window's lower edge is not counted as
+        upstream cover, and lower ones ask the same of the cover's cover.
 
         With ``successors`` (1F1B, m > 2, a finite window), the stages with a tail above the window
         that are also too slow to neighbour each other within the window (set S) each have a
@@ -662,20 +663,25 @@ class AggregatedMIP:
             md.add(LinExpr() >= 1, "tail_window")
             return
         md.add(heavy >= 1, "tail_window")
-        # theta from lower down to lower / 2 in even steps (a theta between two tails is as good
+        # theta from lower down to 0 in even steps (a theta between two tails is as good
         # as the next tail below it)
-        thetas = sorted({lower * (1 - 0.5 * q / TAIL_WINDOW_ROWS) for q in range(TAIL_WINDOW_ROWS + 1)}, reverse=True)
-        succ_term = self._successor_term(md, entries, thetas[-1], out_min, fl) if successors else LinExpr()
+        thetas = sorted({lower * (1 - q / TAIL_WINDOW_ROWS) for q in range(TAIL_WINDOW_ROWS + 1)}, reverse=True)
+        theta_min = 0.5 * lower
+        succ_term = self._successor_term(md, entries, theta_min, out_min, fl) if successors else LinExpr()
+        succ_tail = {z.index: self.types["mid"][si].tail_s for si, z in self.succ.items()}
         isl = lambda t: cands[t.candidate].island  # noqa: E731
-        # Y + cover - (downstream links) - successors >= least, as a coefficient dict
+        # Y + cover - (downstream links) >= least, as a coefficient dict
         base = {i: c for i, c in sent_ub.coefs.items()}
-        for i, c in succ_term.coefs.items():
-            base[i] = base.get(i, 0.0) - c
         base[Y.index] = base.get(Y.index, 0.0) + 1.0
         not_last = [(tail, bwd, var.index, out_min[isl(t)]) for tail, bwd, role, var, t, _ in entries if role != "last"]
         for q, theta in enumerate(thetas):
             least = min(e_[0] for e_ in entries if e_[0] > theta)
             row = dict(base)
+            # successors take their backward and out-link off the cover: only those counted as
+            # cover in this row (tail <= theta; below theta_min some successor types are not)
+            for i, c in succ_term.coefs.items():
+                if succ_tail[i] <= theta:
+                    row[i] = row.get(i, 0.0) - c
             for tail, bwd, vi, out in not_last:
                 # cover if its tail is at most theta; else downstream of k (or k itself), so its
                 # out-link is not cover
