@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -83,6 +84,34 @@ def test_a_loose_gap_still_gives_a_valid_bound(instance, leaves):
     assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
     assert cert.status == "optimal" and cert.gap <= 0.3 * (1 + 1e-9)
     assert cert.objective_s >= best.step_time_s * (1 - 1e-9)
+
+
+def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatch):
+    """Forced on a small instance, the restricted search (heuristically pruned candidates) runs
+    first and stops when it stalls; its plan maps back onto the full candidate table and the
+    search still proves the brute-force optimum."""
+    import tangram_opt.planner.search as search
+    from tangram_opt.planner.candidates import AnalyticalCandidates, HeuristicallyPruned
+
+    cluster, model, training, space, best = instance
+    monkeypatch.setattr(search, "RESTRICTED_PRIMAL_CANDIDATES", 0)
+    monkeypatch.setattr(search, "RESTRICTED_PRIMAL_STALL_MIN_S", 0.0)
+    messages = []
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, multi_pipeline=False,
+                 on_progress=lambda ev: messages.append(ev.message))
+    assert any(m.startswith("restricted search") for m in messages)
+    assert plan.certificate.status == "optimal"
+    assert plan.certificate.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
+    # the pruned table is the full table's own rows, cut as heuristic_keep would cut them
+    ctx = PlanningContext(cluster, model, training, space=space)
+    pruned = HeuristicallyPruned(ctx.provider, ctx.kinds, 1)
+    alone = AnalyticalCandidates(model, ctx.cost, dataclasses.replace(space, heuristic_keep=1))
+    for isl in ctx.islands:
+        for b in ctx.pipeline_micro_batches():
+            full = {id(c) for c in ctx.provider.candidates(isl, b)}
+            rows = pruned.candidates(isl, b)
+            assert {id(c) for c in rows} <= full and (bool(rows) == bool(full))
+            assert [(c.island, c.config) for c in rows] == [(c.island, c.config) for c in alone.candidates(isl, b)]
 
 
 def test_positional_formulation_matches_brute_force(instance):
