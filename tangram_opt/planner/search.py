@@ -50,11 +50,6 @@ RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
 #: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
 RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
-#: the restricted search stops early once it has gone this many times as long as it took to
-#: find its best plan (and at least RESTRICTED_PRIMAL_STALL_MIN_S) without a better one: its
-#: plans come early, and the time left goes to the full search
-RESTRICTED_PRIMAL_STALL = 1.0
-RESTRICTED_PRIMAL_STALL_MIN_S = 5.0
 #: a node is also split on the largest step tail of its stages (``_BranchAndBound.split``) until
 #: that window is at most this fraction of the incumbent wide
 TAIL_LEAF_FRACTION = 0.0025
@@ -317,7 +312,7 @@ class _BranchAndBound:
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
                  primal_backoff: bool = True, sequence: bool = True, first_pass: bool = True,
-                 stall: float | None = None, on_progress: Callable[[SearchEvent], None] | None, t0: float):
+                 on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
@@ -340,10 +335,6 @@ class _BranchAndBound:
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
         self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
-        #: stop once the search has gone ``stall`` times as long as it took to find its best
-        #: plan without a better one (None: run to the time limit or the gap)
-        self.stall = stall
-        self.improved_at = 0.0
 
     # --- bookkeeping -----------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -359,7 +350,6 @@ class _BranchAndBound:
             sub.best_t_max_s = max(st.time_s for st in choices_timing(sub.problem, choices).stages)
         if t < self.inc_s:
             self.inc_s, self.inc = t, (b, choices)
-            self.improved_at = self.elapsed()
 
     def sub_bound(self, sub: _Sub) -> float:
         """Lower bound of everything in sub-problem ``sub`` (its one-stage optimum included)."""
@@ -453,7 +443,7 @@ class _BranchAndBound:
             if self.pruned(node.bound_s):
                 self.close(node, node.bound_s)
                 continue
-            if self.remaining() <= 0.05 or self.stalled():
+            if self.remaining() <= 0.05:
                 heapq.heappush(self.open, node)
                 break
             if self.windows and math.isfinite(node.hi_s) and self.splittable(node):
@@ -469,11 +459,6 @@ class _BranchAndBound:
                 idle += 1
                 if idle >= PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, PRIMAL_MAX_EVERY), 0
-
-    def stalled(self) -> bool:
-        if self.stall is None:
-            return False
-        return self.elapsed() - self.improved_at > max(RESTRICTED_PRIMAL_STALL_MIN_S, self.stall * self.improved_at)
 
     def next_pass(self, live: list[_Sub]) -> None:
         """Every node of the first pass is closed: keep each sub-problem's bound as a floor and
@@ -520,10 +505,9 @@ class _BranchAndBound:
 
     def restricted_primal(self, live: list[_Sub]) -> None:
         """Primal heuristic for large instances: the same search on a heuristically pruned candidate
-        set (the fastest candidates per island and size) with a share of the time, stopping early
-        when it stalls (``RESTRICTED_PRIMAL_STALL``). Its plans are real plans of the full space
-        (their candidates are full-space candidates), so they become incumbents and sharpen the
-        cutoff; its bounds are not used."""
+        set (the fastest candidates per island and size) with a share of the time. Its plans are
+        real plans of the full space (their candidates are full-space candidates), so they become
+        incumbents and sharpen the cutoff; its bounds are not used."""
         from tangram_opt.planner.candidates import HeuristicallyPruned
 
         ctx = self.ctx
@@ -536,8 +520,8 @@ class _BranchAndBound:
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
-                                primal_backoff=False, sequence=False, first_pass=False,
-                                stall=RESTRICTED_PRIMAL_STALL, on_progress=None, t0=time.perf_counter())
+                                primal_backoff=False, sequence=False, first_pass=False, on_progress=None,
+                                t0=time.perf_counter())
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
