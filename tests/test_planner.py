@@ -113,6 +113,36 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
             assert [(c.island, c.config) for c in rows] == [(c.island, c.config) for c in alone.candidates(isl, b)]
 
 
+def test_tolerance_is_the_largest_in_flight_count_that_fits():
+    """A stage type's tolerance (closed form of its affine memory, then checked) is exactly the
+    largest in-flight count in [q_min, m] whose memory fits, found here by scanning; on a
+    memory-tight instance (Llama-3-8B, 4,096 tokens, 16-24 GB GPUs) where most answers lie
+    strictly inside the range."""
+    import random
+
+    from tangram_opt.planner.aggregated import _tolerance
+
+    cluster = make_cluster("tight", [dict(name="v", gpu="V100-32", nodes=1, gpus_per_node=4, nic_gbps=100),
+                                     dict(name="l", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
+    training = TrainingSpec(global_batch_size=16, seq_len=4096, precision="fp16")
+    ctx = PlanningContext(cluster, load_model("llama-3-8b"), training, space=SearchSpace(cp=(1,)))
+    rng = random.Random(0)
+    inside = 0
+    for b in ctx.pipeline_micro_batches():
+        for c in ctx.candidates(b):
+            for _ in range(10):
+                layers = {k: rng.randint(0, n) for k, n in ctx.layers.items()}
+                first, last = rng.random() < 0.3, rng.random() < 0.3
+                m = rng.randint(1, 64)
+                q_min = rng.randint(1, m)
+                q = q_min - 1
+                while q < m and c.memory_bytes(layers, q + 1, first=first, last=last) <= c.capacity_bytes:
+                    q += 1
+                assert _tolerance(c, layers, first=first, last=last, q_min=q_min, m=m) == q
+                inside += q_min <= q < m
+    assert inside >= 50  # the boundary is exercised, not only "fits everywhere" or "nowhere"
+
+
 def test_positional_formulation_matches_brute_force(instance):
     cluster, model, training, space, _ = instance
     wide = brute_force(PlanningContext(cluster, model, training, space=space), dense_on_first_stage=False)
