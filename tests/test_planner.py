@@ -86,18 +86,33 @@ def test_a_loose_gap_still_gives_a_valid_bound(instance, leaves):
     assert cert.objective_s >= best.step_time_s * (1 - 1e-9)
 
 
-def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatch):
+class _FreshRows:
+    """A candidate provider that returns new row objects on every call (as a user's may)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def candidates(self, island, b):
+        return [dataclasses.replace(c) for c in self.base.candidates(island, b)]
+
+
+@pytest.mark.parametrize("fresh_rows", [False, True])
+def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatch, fresh_rows):
     """Forced on a small instance, the restricted search (heuristically pruned candidates) runs
-    first; its plan maps back onto the full candidate table and the search still proves the
-    brute-force optimum."""
+    first; its plan maps back onto the full candidate table (also from a provider that returns
+    new objects on every call) and the search still proves the brute-force optimum."""
     import tangram_opt.planner.search as search
     from tangram_opt.planner.candidates import AnalyticalCandidates, HeuristicallyPruned
 
     cluster, model, training, space, best = instance
     monkeypatch.setattr(search, "RESTRICTED_PRIMAL_CANDIDATES", 0)
+    provider = None
+    if fresh_rows:
+        base = PlanningContext(cluster, model, training, space=space)
+        provider = _FreshRows(base.provider)
     messages = []
     plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, multi_pipeline=False,
-                 on_progress=lambda ev: messages.append(ev.message))
+                 provider=provider, on_progress=lambda ev: messages.append(ev.message))
     assert any(m.startswith("restricted search") for m in messages)
     assert plan.certificate.status == "optimal"
     assert plan.certificate.objective_s == pytest.approx(best.step_time_s, rel=1e-7)

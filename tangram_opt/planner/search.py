@@ -27,9 +27,10 @@ from tangram_opt.planner.aggregated import (AggregatedMIP, StageType, enumerate_
                                            support_class_best, try_order)
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
 from tangram_opt.planner.bottleneck import LayerKnapsack
-from tangram_opt.planner.candidates import CandidateProvider
+from tangram_opt.planner.candidates import Candidate, CandidateProvider
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
+from tangram_opt.planner.islands import Island
 from tangram_opt.planner.plan import Certificate, Plan
 from tangram_opt.planner.sequence import SequenceMIP
 from tangram_opt.planner.space import SearchSpace
@@ -307,6 +308,16 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
     return replace(plan, expert_placement=info)
 
 
+class _ContextTables:
+    """A context's candidate tables (computed once per pipeline micro-batch size) as a provider."""
+
+    def __init__(self, ctx: PlanningContext):
+        self.ctx = ctx
+
+    def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
+        return [c for c in self.ctx.candidates(pipeline_micro_batch) if c.island == island.index]
+
+
 class _BranchAndBound:
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
@@ -511,11 +522,11 @@ class _BranchAndBound:
         from tangram_opt.planner.candidates import HeuristicallyPruned
 
         ctx = self.ctx
-        # the full context's candidate tables, cut: nothing is priced twice
+        # the full context's candidate tables, cut: nothing is priced twice, and the rows are the
+        # very objects of the full tables (whatever the provider returns on a second call)
         small_space = replace(ctx.space, heuristic_keep=RESTRICTED_PRIMAL_KEEP)
         small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
-                                provider=HeuristicallyPruned(ctx.provider, ctx.kinds,  # type: ignore[arg-type]
-                                                             RESTRICTED_PRIMAL_KEEP))
+                                provider=HeuristicallyPruned(_ContextTables(ctx), ctx.kinds, RESTRICTED_PRIMAL_KEEP))
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
