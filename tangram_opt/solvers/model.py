@@ -38,7 +38,9 @@ class Var:
         return (-1) * LinExpr.of(self) + other
 
     def __mul__(self, k: Number) -> LinExpr:
-        return LinExpr.of(self) * k
+        if not isinstance(k, (int, float)):
+            raise TypeError("linear expressions can only be scaled by numbers")
+        return LinExpr._raw({self.index: float(k)}, 0.0)  # one allocation: formulations do this a lot
 
     __rmul__ = __mul__
 
@@ -66,6 +68,13 @@ class LinExpr:
     def __init__(self, coefs: Mapping[int, float] | None = None, const: float = 0.0):
         self.coefs: dict[int, float] = dict(coefs or {})
         self.const = float(const)
+
+    @staticmethod
+    def _raw(coefs: dict[int, float], const: float) -> LinExpr:
+        """An expression that takes ``coefs`` as is (no copy): for fresh dicts only."""
+        e = LinExpr.__new__(LinExpr)
+        e.coefs, e.const = coefs, const
+        return e
 
     @staticmethod
     def of(x: object) -> LinExpr:
@@ -191,7 +200,8 @@ class LinearModel:
     def add(self, con: Constraint, name: str = "") -> Constraint:
         if not isinstance(con, Constraint):
             raise TypeError("add() takes a constraint built with <=, >= or ==")
-        con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
+        if 0.0 in con.coefs.values():  # a scan in C; the rebuild only when a zero is there
+            con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
         con.name = name or f"c{len(self.constraints)}"
         if con.name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
             con.name = f"{con.name}#{len(self.constraints)}"
