@@ -200,8 +200,12 @@ class LinearModel:
     def add(self, con: Constraint, name: str = "") -> Constraint:
         if not isinstance(con, Constraint):
             raise TypeError("add() takes a constraint built with <=, >= or ==")
-        if 0.0 in con.coefs.values():  # a scan in C; the rebuild only when a zero is there
+        # the row owns a copy of its coefficients; zeros dropped (a scan and a copy in C; the
+        # Python rebuild only when a zero is there)
+        if 0.0 in con.coefs.values():
             con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
+        else:
+            con.coefs = dict(con.coefs)
         con.name = name or f"c{len(self.constraints)}"
         if con.name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
             con.name = f"{con.name}#{len(self.constraints)}"
