@@ -102,7 +102,6 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
     first; its plan maps back onto the full candidate table (also from a provider that returns
     new objects on every call) and the search still proves the brute-force optimum."""
     import tangram_opt.planner.search as search
-    from tangram_opt.planner.candidates import AnalyticalCandidates, HeuristicallyPruned
 
     cluster, model, training, space, best = instance
     monkeypatch.setattr(search, "RESTRICTED_PRIMAL_CANDIDATES", 0)
@@ -116,7 +115,13 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
     assert any(m.startswith("restricted search") for m in messages)
     assert plan.certificate.status == "optimal"
     assert plan.certificate.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
-    # the pruned table is the full table's own rows, cut as heuristic_keep would cut them
+
+
+def test_heuristically_pruned_rows_are_the_full_tables_own(instance):
+    """The restricted search's table: the full table's own rows, cut as heuristic_keep cuts them."""
+    from tangram_opt.planner.candidates import AnalyticalCandidates, HeuristicallyPruned
+
+    cluster, model, training, space, _ = instance
     ctx = PlanningContext(cluster, model, training, space=space)
     pruned = HeuristicallyPruned(ctx.provider, ctx.kinds, 1)
     alone = AnalyticalCandidates(model, ctx.cost, dataclasses.replace(space, heuristic_keep=1))

@@ -40,7 +40,7 @@ class Var:
     def __mul__(self, k: Number) -> LinExpr:
         if not isinstance(k, (int, float)):
             raise TypeError("linear expressions can only be scaled by numbers")
-        return LinExpr._raw({self.index: float(k)}, 0.0)  # one allocation: formulations do this a lot
+        return LinExpr({self.index: float(k)})  # one expression, not one scaled into another
 
     __rmul__ = __mul__
 
@@ -68,13 +68,6 @@ class LinExpr:
     def __init__(self, coefs: Mapping[int, float] | None = None, const: float = 0.0):
         self.coefs: dict[int, float] = dict(coefs or {})
         self.const = float(const)
-
-    @staticmethod
-    def _raw(coefs: dict[int, float], const: float) -> LinExpr:
-        """An expression that takes ``coefs`` as is (no copy): for fresh dicts only."""
-        e = LinExpr.__new__(LinExpr)
-        e.coefs, e.const = coefs, const
-        return e
 
     @staticmethod
     def of(x: object) -> LinExpr:
