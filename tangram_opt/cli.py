@@ -202,7 +202,7 @@ docs: docs/cli.md""")
     pl.add_argument("--gap", type=_gap, default=1e-4, metavar="G",
                     help="stop once the plan is proved within this relative gap, e.g. 0.01 or 1%% (default 0.01%%)")
     pl.add_argument("--backend", default=None, help="MIP backend: highs (default), cp-sat, scip, cbc, pulp-cbc")
-    pl.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="solver threads (default 1)")
+    pl.add_argument("--threads", type=_positive_int, default=1, metavar="N", help="solver threads (default 1); with HiGHS, N - 1 solver processes for leaf MIPs")
     pl.add_argument("--seed", type=int, default=0, metavar="N", help="solver random seed (default 0)")
     pl.add_argument("--max-stages", type=_positive_int, default=None, metavar="N",
                     help="most pipeline stages to consider")

@@ -17,6 +17,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +37,8 @@ from tangram_opt.planner.sequence import SequenceMIP
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import (DEFAULT_BACKEND, SolveOptions, SolveStatus, get_backend, lp_relaxation_bound,
                                  relative_gap, solve_model)
-from tangram_opt.solvers.model import lsum
+from tangram_opt.solvers.model import LinearModel, lsum
+from tangram_opt.solvers.workers import SolverPool
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
@@ -90,7 +92,10 @@ SEQUENCE_FIRST_BUDGET_S = 5.0
 #: ``sequence_leaves=None`` (the default) turns them on when the single-pipeline search has at
 #: least this long: below it the aggregated leaves reach a smaller gap, above it the sequence
 #: leaves do (formulations/pipeline_mip.md §5, "Sequence leaves")
-SEQUENCE_MIN_TIME_S = 180.0
+SEQUENCE_MIN_TIME_S = 50.0
+#: leaf solves run in ``threads - 1`` solver processes beside the search (HiGHS's MIP is serial);
+#: a worker's solve stops at its time limit, and the search waits this much longer for it
+WORKER_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,18 @@ class _Sub:
     solve_time_s: float = 0.0
     types: dict[str, list[StageType]] | None = None
     info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A leaf whose MIP is being solved by a worker process; ``done`` takes its result."""
+
+    future: Future
+    node: _Node
+    model: LinearModel
+    options: SolveOptions
+    done: Callable[[Any], None]
+    started: float
 
 
 @dataclass(order=True, slots=True)
@@ -255,6 +272,9 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     ``rel_gap``: the search stops once the plan is proved within this relative gap of the best
     plan in the model (0.01: within 1%, which is reached much sooner than the default's 0.01%).
 
+    ``threads``: with HiGHS, ``threads - 1`` solver processes solve leaf MIPs beside the search
+    (solvers/workers.py; HiGHS's branch and bound is serial); other backends get the threads.
+
     ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
     the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
     data-parallel pipelines with uneven batch shares (docs/multi_pipeline.md) and return the better
@@ -323,6 +343,7 @@ class _BranchAndBound:
                  rel_gap: float, formulation: str, windows: bool, fluid_cuts: bool, warm_start: bool,
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
                  primal_backoff: bool = True, sequence: bool = True, first_pass: bool = True,
+                 pool: SolverPool | None = None,
                  on_progress: Callable[[SearchEvent], None] | None, t0: float):
         self.ctx = ctx
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
@@ -346,6 +367,10 @@ class _BranchAndBound:
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
         self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
+        #: solver processes for leaf MIPs (``run`` starts them with ``threads >= 2`` and HiGHS,
+        #: whose branch and bound is serial); every solve then runs single-threaded
+        self.pool = pool
+        self.inflight: list[_Flight] = []
 
     # --- bookkeeping -----------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -364,10 +389,19 @@ class _BranchAndBound:
 
     def sub_bound(self, sub: _Sub) -> float:
         """Lower bound of everything in sub-problem ``sub`` (its one-stage optimum included)."""
-        parts = [n.bound_s for n in self.open if n.b == sub.b] + self.closed_bounds.get(sub.b, [])
+        parts = [n.bound_s for n in self.pending() if n.b == sub.b] + self.closed_bounds.get(sub.b, [])
         multi = min(parts) if parts else (math.inf if sub.status != "open" else sub.lower_bound_s)
         single = sub.single_s if sub.single_s is not None else math.inf
         return max(self.floor.get(sub.b, -math.inf), min(multi, single))
+
+    def pending(self) -> list[_Node]:
+        """Nodes not closed: open ones and leaves being solved by a worker."""
+        return self.open + [f.node for f in self.inflight]
+
+    @property
+    def solve_threads(self) -> int:
+        """Threads per MIP solve: one when leaves run in worker processes beside the search."""
+        return 1 if self.pool is not None else self.threads
 
     def global_bound(self) -> float:
         return min([self.inc_s] + [self.sub_bound(s) for s in self.subs.values()])
@@ -401,6 +435,17 @@ class _BranchAndBound:
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Plan:
+        owned = None
+        if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
+            self.pool = owned = SolverPool(self.threads - 1)
+        try:
+            return self._run()
+        finally:
+            self.pool = None
+            if owned is not None:
+                owned.close()
+
+    def _run(self) -> Plan:
         ctx = self.ctx
         for b in ctx.pipeline_micro_batches():
             prob = ctx.problem(b)
@@ -446,7 +491,11 @@ class _BranchAndBound:
     def branch_and_bound(self) -> None:
         """Nodes by best bound (with primal turns) until none is open or the time is up."""
         turn, every, idle = 0, 2, 0  # a primal turn every ``every`` nodes (backs off while they find nothing)
-        while self.open:
+        while self.open or self.inflight:
+            if not self.collect(block=not self.open):
+                break  # a worker overran the time limit
+            if not self.open:
+                continue
             primal = turn % every == every - 1
             node = self.next_node(primal)
             turn += 1
@@ -457,7 +506,15 @@ class _BranchAndBound:
             if self.remaining() <= 0.05:
                 heapq.heappush(self.open, node)
                 break
-            if self.windows and math.isfinite(node.hi_s) and self.splittable(node):
+            splits = self.windows and math.isfinite(node.hi_s) and self.splittable(node)
+            if not splits and self.pool is not None and self.pool.idle_worker() is None:
+                # the workers are busy: bound a window rather than solve this leaf here, so the
+                # workers find leaves waiting when they are done
+                other = self.next_split()
+                if other is not None:
+                    heapq.heappush(self.open, node)
+                    node, splits = other, True
+            if splits:
                 self.split(node)
             elif self.sequence and node.stages is not None and node.stages[0] == node.stages[1]:
                 self.solve_sequence(node)
@@ -470,6 +527,44 @@ class _BranchAndBound:
                 idle += 1
                 if idle >= PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, PRIMAL_MAX_EVERY), 0
+        while self.inflight and self.collect(block=True):
+            pass
+
+    def dispatch(self, node: _Node, model: LinearModel, options: SolveOptions, done: Callable[[Any], None]) -> None:
+        """Solve a leaf's model and hand the result to ``done``: in an idle worker process while
+        the search goes on with other nodes (the node counts as open until then), else here."""
+        worker = self.pool.idle_worker() if self.pool is not None else None
+        if worker is None:
+            done(solve_model(model, self.backend, options))
+            return
+        self.inflight.append(_Flight(worker.submit(model, self.backend, options), node, model, options, done,
+                                     time.perf_counter()))
+
+    def collect(self, block: bool) -> bool:
+        """Finish the leaves whose worker has answered (with ``block``, after waiting for the first
+        of them). A worker that failed has its model solved here instead. False when a worker
+        is still busy ``WORKER_GRACE_S`` after the time limit: its leaf goes back to the open
+        nodes with the bound it had."""
+        if not self.inflight:
+            return True
+        if block:
+            _, busy = wait([f.future for f in self.inflight], timeout=max(0.0, self.remaining()) + WORKER_GRACE_S,
+                           return_when=FIRST_COMPLETED)
+            if len(busy) == len(self.inflight):
+                for f in self.inflight:
+                    heapq.heappush(self.open, f.node)
+                self.inflight = []
+                return False
+        for f in [f for f in self.inflight if f.future.done()]:
+            self.inflight.remove(f)
+            try:
+                res = f.future.result()
+            except Exception:  # noqa: BLE001 (the worker died: solve it here, in what time is left)
+                res = SolverPool.solve_here(f.model, self.backend, replace(
+                    f.options, time_limit_s=max(0.1, min(f.options.time_limit_s, self.remaining()))))
+            f.done(res)
+            self.spent[f.node.b] = self.spent.get(f.node.b, 0.0) + time.perf_counter() - f.started
+        return True
 
     def next_pass(self, live: list[_Sub]) -> None:
         """Every node of the first pass is closed: keep each sub-problem's bound as a floor and
@@ -514,6 +609,17 @@ class _BranchAndBound:
         heapq.heapify(self.open)
         return best
 
+    def next_split(self) -> _Node | None:
+        """The best-bound open node that is split rather than solved (taken off the queue), if any."""
+        for node in sorted(self.open):
+            if self.pruned(node.bound_s):
+                break
+            if math.isfinite(node.hi_s) and self.splittable(node):
+                self.open.remove(node)
+                heapq.heapify(self.open)
+                return node
+        return None
+
     def restricted_primal(self, live: list[_Sub]) -> None:
         """Primal heuristic for large instances: the same search on a heuristically pruned candidate
         set (the fastest candidates per island and size) with a share of the time. Its plans are
@@ -531,7 +637,8 @@ class _BranchAndBound:
                                 threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
-                                primal_backoff=False, sequence=False, first_pass=False, on_progress=None,
+                                primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,
+                                on_progress=None,
                                 t0=time.perf_counter())
         try:
             inner.run()
@@ -827,11 +934,17 @@ class _BranchAndBound:
                                         ((mip.model.vars[var.index], val) for var, val in hint.items())):
                 mip.model.set_hint(hint)
                 break
-        tick = mip.options.tick_s
+        options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
+                               cutoff=self.cutoff_ticks(mip))
         base = self.elapsed()
-        res = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
-                                                                 seed=self.seed, rel_gap=self.rel_gap,
-                                                                 cutoff=self.cutoff_ticks(mip)))
+        self.dispatch(node, mip.model, options, lambda res: self.leaf_solved(node, mip, budget, base, res))
+
+    def leaf_solved(self, node: _Node, mip: AggregatedMIP | PositionalMIP, budget: float, base: float,
+                    res: Any) -> None:
+        """An aggregated (or positional) leaf's solve came back: offer its plans, cut support
+        classes off or explore alternatives, and close the window or queue it with more time."""
+        sub = self.subs[node.b]
+        tick = mip.options.tick_s
         sub.info["mip_solves"] += 1
         sub.solve_time_s += res.solve_time_s
         self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
@@ -920,11 +1033,16 @@ class _BranchAndBound:
                 break
         n_open = 1 + len(self.open)
         budget = min(self.remaining(), max(SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
-        tick = seq.options.tick_s
+        options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
+                               cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=False)
         base = self.elapsed()
-        res = solve_model(seq.model, self.backend, SolveOptions(time_limit_s=budget, threads=self.threads,
-                                                                seed=self.seed, rel_gap=self.rel_gap,
-                                                                cutoff=self.cutoff_ticks(seq), presolve=False))
+        self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res))
+
+    def sequence_solved(self, node: _Node, seq: SequenceMIP, base: float, res: Any) -> None:
+        """A sequence leaf's solve came back: offer its plan and close the leaf at its bound, or
+        queue it with twice the time."""
+        sub = self.subs[node.b]
+        tick = seq.options.tick_s
         sub.info["sequence_solves"] = sub.info.get("sequence_solves", 0) + 1
         sub.solve_time_s += res.solve_time_s
         self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
@@ -984,7 +1102,7 @@ class _BranchAndBound:
             if left < 0.2:
                 return res  # its optimum still bounds everything the earlier cuts left
             mip.model.hint = {}
-            nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
+            nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.solve_threads,
                                                                     seed=self.seed, rel_gap=self.rel_gap,
                                                                     cutoff=self.cutoff_ticks(mip)))
             sub.info["mip_solves"] += 1
@@ -1020,7 +1138,7 @@ class _BranchAndBound:
             zeros = [v for v in binaries if vals[v.index] <= 0.5]
             model.add(lsum(1 - v for v in ones) + lsum(zeros) >= 1, f"nogood{len(model.constraints)}")
             model.hint = {}
-            res = solve_model(model, self.backend, SolveOptions(time_limit_s=left, threads=self.threads,
+            res = solve_model(model, self.backend, SolveOptions(time_limit_s=left, threads=self.solve_threads,
                                                                  seed=self.seed, rel_gap=self.rel_gap,
                                                                  cutoff=self.cutoff_ticks(mip)))
             sub.info["mip_solves"] += 1

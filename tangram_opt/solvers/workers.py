@@ -1,0 +1,157 @@
+"""Solver processes: MIP solves that run beside the caller, one per spare core.
+
+HiGHS's branch and bound is essentially serial (the 512-GPU Mixtral-8x22B proof to 1% took 144 s
+with one thread and 138 s with two), so on a machine with two cores the planner's search keeps
+the second one busy by solving leaf models in a *worker*: a separate Python process
+(``python -m tangram_opt.solvers.workers``) that reads pickled ``(model, backend, options)``
+requests on its standard input and writes pickled :class:`SolveResult` objects back. Models of the
+search pickle in a few milliseconds (0.1-0.2 MB).
+
+A plain subprocess rather than :mod:`multiprocessing`: the ``spawn`` and ``forkserver`` start
+methods import the caller's ``__main__`` module again in the child (a user script that calls
+``solve`` at top level would call it again there), and ``fork`` is unsafe once HiGHS has started
+its thread pool in the parent. A worker that dies or answers garbage fails its future; the caller
+then solves the model itself (:meth:`SolverPool.solve_here`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
+
+from tangram_opt.solvers.backends import SolveOptions, SolveResult, solve_model
+from tangram_opt.solvers.model import LinearModel
+
+_HEADER = 8  # bytes of the little-endian length before each pickle
+
+
+class WorkerError(RuntimeError):
+    """A worker process died, or its answer could not be read."""
+
+
+def _send(stream, obj: object) -> None:  # type: ignore[no-untyped-def]
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(_HEADER, "little") + data)
+    stream.flush()
+
+
+def _receive(stream) -> object:  # type: ignore[no-untyped-def]
+    head = stream.read(_HEADER)
+    if len(head) < _HEADER:
+        raise EOFError("stream closed")
+    size = int.from_bytes(head, "little")
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("stream closed mid-message")
+    return pickle.loads(data)
+
+
+class SolverWorker:
+    """One solver process; at most one solve at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tangram_opt.solvers.workers"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.future: Future | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def idle(self) -> bool:
+        return self.alive and (self.future is None or self.future.done())
+
+    def submit(self, model: LinearModel, backend: str, options: SolveOptions) -> Future:
+        """Start solving ``model``; the future holds its :class:`SolveResult` (or a
+        :class:`WorkerError`). Callbacks in ``options`` stay behind (they cannot cross processes)."""
+        if not self.idle:
+            raise RuntimeError("worker is busy")
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        self.future = fut
+        request = (model, backend, replace(options, on_progress=None))
+        threading.Thread(target=self._round_trip, args=(request, fut), daemon=True).start()
+        return fut
+
+    def _round_trip(self, request: object, fut: Future) -> None:
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            _send(self.proc.stdin, request)
+            answer = _receive(self.proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+            fut.set_exception(WorkerError(f"solver worker failed: {exc!r}"))
+            return
+        if isinstance(answer, SolveResult):
+            fut.set_result(answer)
+        else:
+            fut.set_exception(WorkerError(f"solver worker failed: {answer}"))
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:  # still solving: its answer is no longer wanted
+            self.proc.kill()
+            self.proc.wait()
+
+
+class SolverPool:
+    """Up to ``size`` solver workers, started when first asked for (a search that never reaches a
+    leaf starts none; each takes a fraction of a second to import, beside the caller)."""
+
+    def __init__(self, size: int):
+        self.size = max(0, size)
+        self.workers: list[SolverWorker] = []
+
+    def idle_worker(self) -> SolverWorker | None:
+        if len(self.workers) < self.size:
+            self.workers += [SolverWorker() for _ in range(self.size - len(self.workers))]
+        return next((w for w in self.workers if w.idle), None)
+
+    @staticmethod
+    def solve_here(model: LinearModel, backend: str, options: SolveOptions) -> SolveResult:
+        """The fallback when a worker failed: the same solve in this process."""
+        return solve_model(model, backend, options)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers, self.size = [], 0
+
+    def __enter__(self) -> SolverPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main() -> None:
+    """Worker loop: a request per message on stdin, its result (or the error's text) on stdout.
+    Solver output would corrupt the protocol, so file descriptor 1 is pointed at stderr."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            model, backend, options = _receive(inp)  # type: ignore[misc]
+        except EOFError:
+            return
+        try:
+            answer: object = solve_model(model, backend, options)
+        except Exception as exc:  # noqa: BLE001 (reported to the caller, which solves it itself)
+            answer = f"{type(exc).__name__}: {exc}"
+        _send(out, answer)
+
+
+if __name__ == "__main__":
+    main()

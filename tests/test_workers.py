@@ -1,0 +1,129 @@
+"""Solver processes (tangram_opt.solvers.workers) and the search's use of them."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+from tangram_opt.planner import search as search_module
+from tangram_opt.planner.search import solve
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.solvers.model import LinearModel, lsum
+from tangram_opt.solvers.workers import SolverPool, SolverWorker, WorkerError
+from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+
+
+def knapsack_model() -> LinearModel:
+    md = LinearModel(name="cover")
+    xs = [md.add_var(f"x{i}", 0, 10, integer=True) for i in range(12)]
+    md.add(lsum((i % 5 + 1) * x for i, x in enumerate(xs)) >= 37, "cover")
+    md.add(lsum(xs[:6]) <= 4, "few")
+    md.minimize(lsum((i % 7 + 2) * x for i, x in enumerate(xs)) + 1.5)
+    return md
+
+
+def test_a_worker_solves_the_model_it_is_sent_as_this_process_would():
+    md = knapsack_model()
+    here = solve_model(md, "highs", SolveOptions(time_limit_s=10))
+    with SolverPool(1) as pool:
+        worker = pool.idle_worker()
+        assert worker is not None
+        fut = worker.submit(md, "highs", SolveOptions(time_limit_s=10, on_progress=lambda p: None))
+        assert pool.idle_worker() is None or fut.done()  # busy until it answers
+        res = fut.result(timeout=30)
+        assert pool.idle_worker() is worker
+        # a second request on the same process, with a cutoff below the optimum
+        low = worker.submit(md, "highs", SolveOptions(time_limit_s=10, cutoff=here.objective - 1)).result(timeout=30)
+    assert res.status == SolveStatus.OPTIMAL == here.status
+    assert res.objective == pytest.approx(here.objective) and res.bound == pytest.approx(here.bound)
+    assert md.check(res.values) == []
+    assert low.status == SolveStatus.INFEASIBLE
+
+
+def test_a_dead_worker_fails_its_future_and_is_never_idle_again():
+    with SolverPool(1) as pool:
+        assert pool.workers == []  # none until asked for
+        worker = pool.idle_worker()
+        worker.proc.kill()
+        worker.proc.wait()
+        assert pool.idle_worker() is None
+        with pytest.raises(RuntimeError):
+            worker.submit(knapsack_model(), "highs", SolveOptions())
+    fresh = SolverWorker()
+    try:
+        fresh.proc.stdin.close()  # the worker reads EOF and exits: the request cannot be sent
+        fresh.proc.wait(timeout=30)
+        fut = Future()
+        fresh._round_trip((knapsack_model(), "highs", SolveOptions()), fut)
+        with pytest.raises(WorkerError):
+            fut.result()
+    finally:
+        fresh.close()
+
+
+def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():
+    md = knapsack_model()
+    with_h = solve_model(md, "highs", SolveOptions(time_limit_s=10))
+    without = solve_model(md, "highs", SolveOptions(time_limit_s=10, heuristics=False, presolve=False))
+    assert without.status == SolveStatus.OPTIMAL
+    assert without.objective == pytest.approx(with_h.objective)
+
+
+def _instance():
+    cluster = make_cluster("tiny", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=200),
+                                    dict(name="v100", gpu="V100-16", nodes=1, gpus_per_node=4, nic_gbps=100)])
+    space = SearchSpace(max_stages=3, zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2))
+    return cluster, load_model("llama-3-8b").with_layers(4), TrainingSpec(global_batch_size=8, seq_len=1024,
+                                                                           precision="fp16"), space
+
+
+@pytest.mark.parametrize("leaves", [False, True])
+def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkeypatch):
+    cluster, model, training, space = _instance()
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                  sequence_leaves=leaves, multi_pipeline=False)
+    sent = []
+    submit = SolverWorker.submit
+
+    def counting(self, *args):
+        sent.append(args[0].name)
+        return submit(self, *args)
+
+    monkeypatch.setattr(SolverWorker, "submit", counting)
+    both = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
+                 sequence_leaves=leaves, multi_pipeline=False)
+    assert sent, "no leaf went to a worker"
+    assert both.certificate.status == alone.certificate.status == "optimal"
+    assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+    assert both.certificate.bound_s <= both.step_time_s * (1 + 1e-9)
+
+
+def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
+    cluster, model, training, space = _instance()
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                  sequence_leaves=True, multi_pipeline=False)
+    failed = []
+
+    def broken(self, model, backend, options):
+        fut: Future = Future()
+        fut.set_exception(WorkerError("solver worker failed: test"))
+        failed.append(model.name)
+        self.future = fut
+        return fut
+
+    monkeypatch.setattr(SolverWorker, "submit", broken)
+    here = []
+    fallback = SolverPool.solve_here
+
+    def counting(*args):
+        here.append(args[0].name)
+        return fallback(*args)
+
+    monkeypatch.setattr(search_module.SolverPool, "solve_here", staticmethod(counting))
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
+                 sequence_leaves=True, multi_pipeline=False)
+    assert failed and sorted(here) == sorted(failed)
+    assert plan.certificate.status == "optimal"
+    assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
