@@ -64,6 +64,14 @@ def test_a_dead_worker_fails_its_future_and_is_never_idle_again():
 
 
 def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():
+    import highspy
+
+    from tangram_opt.solvers.backends import HIGHS_SUB_MIP_HEURISTICS
+
+    h = highspy.Highs()
+    for name in HIGHS_SUB_MIP_HEURISTICS:  # names the installed HiGHS knows (on by default)
+        status, value = h.getOptionValue(name)
+        assert status == highspy.HighsStatus.kOk and value is True
     md = knapsack_model()
     with_h = solve_model(md, "highs", SolveOptions(time_limit_s=10))
     without = solve_model(md, "highs", SolveOptions(time_limit_s=10, heuristics=False, presolve=False))
