@@ -183,6 +183,30 @@ def test_highs_solves_after_a_solve_with_another_thread_count():
         assert lp_relaxation_bound(model()) == pytest.approx(7.5)
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cp-sat"])  # continuous variables
+def test_free_and_one_sided_variables_and_an_empty_row(backend):
+    # infinite bounds go to the solvers as they are (HiGHS takes them as its infinity)
+    m = LinearModel("free")
+    z = m.add_var("z", -float("inf"), float("inf"))  # free: only the rows bound it
+    x = m.add_var("x", -float("inf"), 6, integer=True)
+    y = m.add_var("y", 1.5)  # no upper bound
+    m.add(z >= 2 * x - 11)
+    m.add(z >= -x - 1)
+    m.add(x + y >= 4.2)
+    m.add(lsum([]) <= 1, "empty")  # a row without terms
+    m.minimize(z + y)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=5))
+    # z = max(2x - 11, -x - 1), y = max(1.5, 4.2 - x): x = 3 gives z = -4, y = 1.5
+    assert res.status == SolveStatus.OPTIMAL
+    assert res.objective == pytest.approx(-2.5)
+    assert round(res.values[1]) == 3
+    if backend == "highs":
+        relaxed = get_backend("highs").solve(m, SolveOptions(time_limit_s=5), relax=True)
+        # x = 10/3 balances the two rows of z: z = -13/3, y = 1.5
+        assert relaxed.objective == pytest.approx(-13 / 3 + 1.5)
+        assert relaxed.reduced_costs is not None and len(relaxed.reduced_costs) == 3
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cutoff_keeps_solutions_below_it_and_reports_infeasible_when_there_are_none(backend):
     # the search passes its incumbent as the cutoff of every window MIP: a window with nothing
