@@ -135,3 +135,27 @@ def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     assert failed and sorted(here) == sorted(failed)
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("slack, expected", [(-1.0, True), (1.0, False)])
+def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, expected, monkeypatch):
+    # slack -1: every open leaf lies "far" below the target (bound < 2 x target), slack 1: none
+    # does (bound < 0); the proof is the same either way, only the route to it differs
+    cluster, model, training, space = _instance()
+    reference = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                      sequence_leaves=True, multi_pipeline=False)
+    seen = []
+    inner = search_module.solve_model
+
+    def recording(model, backend, options):
+        if model.name.startswith("sequence"):
+            seen.append(options.heuristics)
+        return inner(model, backend, options)
+
+    monkeypatch.setattr(search_module, "SEQUENCE_HEURISTICS_SLACK", slack)
+    monkeypatch.setattr(search_module, "solve_model", recording)
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                 sequence_leaves=True, multi_pipeline=False)
+    assert seen and set(seen) == {expected}
+    assert plan.certificate.status == "optimal"
+    assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)

@@ -53,6 +53,8 @@ RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
 #: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
 RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
+#: ... and stops once within this gap of the restricted space's best plan
+RESTRICTED_PRIMAL_GAP = 1e-3
 #: a node is also split on the largest step tail of its stages (``_BranchAndBound.split``) until
 #: that window is at most this fraction of the incumbent wide
 TAIL_LEAF_FRACTION = 0.0025
@@ -89,6 +91,10 @@ SEQUENCE_MAX_COLUMNS = 40000
 FIRST_PASS_GAP = 0.01
 #: the least time a sequence leaf gets (doubled each time it comes back unfinished)
 SEQUENCE_FIRST_BUDGET_S = 5.0
+#: a sequence leaf whose bound lies more than this fraction below the target is solved with
+#: HiGHS's sub-MIP heuristics (it may hold much better plans: find them); nearer the target, where
+#: nearly every leaf ends as a quick infeasibility proof, without (formulations/pipeline_mip.md §3b)
+SEQUENCE_HEURISTICS_SLACK = 0.05
 #: ``sequence_leaves=None`` (the default) turns them on when the single-pipeline search has at
 #: least this long: below it the aggregated leaves reach a smaller gap, above it the sequence
 #: leaves do (formulations/pipeline_mip.md §5, "Sequence leaves")
@@ -634,7 +640,7 @@ class _BranchAndBound:
         small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
                                 provider=HeuristicallyPruned(_ContextTables(ctx), ctx.kinds, RESTRICTED_PRIMAL_KEEP))
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
-                                threads=self.threads, seed=self.seed, rel_gap=1e-3, formulation=self.formulation,
+                                threads=self.threads, seed=self.seed, rel_gap=RESTRICTED_PRIMAL_GAP, formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
                                 primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,
@@ -1034,7 +1040,8 @@ class _BranchAndBound:
         n_open = 1 + len(self.open)
         budget = min(self.remaining(), max(SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
         options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
-                               cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=False)
+                               cutoff=self.cutoff_ticks(seq), presolve=False,
+                               heuristics=node.bound_s < self.target_s() * (1 - SEQUENCE_HEURISTICS_SLACK))
         base = self.elapsed()
         self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res))
 
