@@ -53,8 +53,9 @@ RESTRICTED_PRIMAL_KEEP = 2
 RESTRICTED_PRIMAL_SHARE = 0.3
 #: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
 RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
-#: ... and stops once within this gap of the restricted space's best plan
-RESTRICTED_PRIMAL_GAP = 1e-3
+#: ... and stops once its best plan is proved within this gap on the restricted space (it looks
+#: for plans; the main search's own first pass proves the same gap)
+RESTRICTED_PRIMAL_GAP = 0.01
 #: a node is also split on the largest step tail of its stages (``_BranchAndBound.split``) until
 #: that window is at most this fraction of the incumbent wide
 TAIL_LEAF_FRACTION = 0.0025
