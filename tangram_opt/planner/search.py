@@ -641,7 +641,8 @@ class _BranchAndBound:
         small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
                                 provider=HeuristicallyPruned(_ContextTables(ctx), ctx.kinds, RESTRICTED_PRIMAL_KEEP))
         inner = _BranchAndBound(small, backend=self.backend, time_limit_s=self.remaining() * RESTRICTED_PRIMAL_SHARE,
-                                threads=self.threads, seed=self.seed, rel_gap=RESTRICTED_PRIMAL_GAP, formulation=self.formulation,
+                                threads=self.threads, seed=self.seed, rel_gap=RESTRICTED_PRIMAL_GAP,
+                                formulation=self.formulation,
                                 windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
                                 warm_start=False, order_rows=False, leaf_ratio=RESTRICTED_PRIMAL_LEAF_RATIO,
                                 primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,

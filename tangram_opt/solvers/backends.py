@@ -467,7 +467,6 @@ class HighsBackend(Backend):
             vals = list(h.getSolution().col_value)
             obj = model.objective.value(vals)
             optimal = ms == highspy.HighsModelStatus.kOptimal
-            mip = any(v.integer for v in model.vars) and not relax
             if optimal and mip and options.cutoff is not None and obj >= options.cutoff:
                 # every node was pruned at the cutoff; what HiGHS kept is a solution above it
                 return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed,
