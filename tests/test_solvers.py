@@ -207,6 +207,16 @@ def test_free_and_one_sided_variables_and_an_empty_row(backend):
         assert relaxed.reduced_costs is not None and len(relaxed.reduced_costs) == 3
 
 
+def test_highs_reports_a_model_it_rejects_as_an_error():
+    # an infinite coefficient: HiGHS refuses the model, and the backend must not solve what is left
+    m = LinearModel("huge")
+    x, y = m.add_var("x", 0, 1), m.add_var("y", 0, 1)
+    m.add(float("inf") * x + y <= 1)
+    m.minimize(x + y)
+    res = get_backend("highs").solve(m, SolveOptions(time_limit_s=5))
+    assert res.status == SolveStatus.ERROR and "rejected" in res.message and res.values is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cutoff_keeps_solutions_below_it_and_reports_infeasible_when_there_are_none(backend):
     # the search passes its incumbent as the cutoff of every window MIP: a window with nothing

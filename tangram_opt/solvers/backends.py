@@ -424,13 +424,15 @@ class HighsBackend(Backend):
                             dtype=float, count=nnz)
         mip = not relax and any(v.integer for v in model.vars)
         integrality = np.fromiter((1 if mip and v.integer else 0 for v in model.vars), dtype=np.int32, count=n)
-        h.passModel(n, m, nnz, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
-                    float(model.objective.const), cost,
-                    np.fromiter((v.lb for v in model.vars), dtype=float, count=n),
-                    np.fromiter((v.ub for v in model.vars), dtype=float, count=n),
-                    np.fromiter((c.lb for c in model.constraints), dtype=float, count=m),
-                    np.fromiter((c.ub for c in model.constraints), dtype=float, count=m),
-                    start[:-1], index, value, integrality)
+        passed = h.passModel(n, m, nnz, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
+                             float(model.objective.const), cost,
+                             np.fromiter((v.lb for v in model.vars), dtype=float, count=n),
+                             np.fromiter((v.ub for v in model.vars), dtype=float, count=n),
+                             np.fromiter((c.lb for c in model.constraints), dtype=float, count=m),
+                             np.fromiter((c.ub for c in model.constraints), dtype=float, count=m),
+                             start[:-1], index, value, integrality)
+        if passed == highspy.HighsStatus.kError:
+            return SolveResult(status=SolveStatus.ERROR, backend=self.name, message="HiGHS rejected the model")
         for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
                          ("mip_abs_gap", 0.5 if not relax and model.is_integral else 1e-9), ("random_seed", int(options.seed)),
                          ("threads", threads)):
