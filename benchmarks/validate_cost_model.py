@@ -34,7 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tangram_opt import units as u
-from tangram_opt.cost import Calibration, CostModel, StageConfig, fit_calibration
+from tangram_opt.cost import Calibration, CostModel, StageConfig, fit_calibration, pipeline_link
 from tangram_opt.cost.calibration import percentile
 from tangram_opt.cost.profiles import (SAILOR_MODELS, infer_sailor_precision, load_sailor_profile, read_sailor_raw,
                                        sailor_files, sailor_link_bandwidths)
@@ -299,8 +299,8 @@ def one_f_one_b_step_s(cm: CostModel, node: NodeSpec, cfg: StageConfig, layers: 
     per_stage = [layers // pp + (1 if k < layers % pp else 0) for k in range(pp)]
     lay = cm.layer(node, cfg, "dense")
     emb, head = cm.embedding(node, cfg), cm.head(node, cfg)
-    bw, lat = node.nic_bw_bytes_per_s / node.gpus_per_node * cfg.tp, node.nic_latency_s
-    p2p = 2 * cm.p2p_time_s(cfg.pipeline_micro_batch, bw, lat) if pp > 1 else 0.0
+    link = pipeline_link(node, node, None, intra_node=False)
+    p2p = 2 * cm.p2p_time_s((node, cfg), (node, cfg), link) if pp > 1 else 0.0
     stage_times, tails = [], []
     for k, w in enumerate(per_stage):
         t = w * lay.time_s + (p2p if pp > 1 else 0.0)

@@ -200,18 +200,86 @@ def test_recomputation_adds_forward_work_to_backward():
     assert full.bwd_time_s == pytest.approx(none.bwd_time_s + none.fwd_time_s)
 
 
-def test_p2p_and_pipeline_link():
-    t = TrainingSpec(global_batch_size=8, seq_len=4096)
+def test_pipeline_link_kinds():
+    a, b = node(), node("A100-80", nic_gbps=800)
+    lk = pipeline_link(a, b, None, intra_node=False)
+    assert not lk.intra_node and lk.latency_s == a.nic_latency_s and math.isinf(lk.shared_bw_bytes_per_s)
+    zl = ZoneLink(zone_a="x", zone_b="y", bw_bytes_per_s=10 * u.GBIT_PER_S, latency_s=2 * u.MS)
+    lz = pipeline_link(a, b, zl, intra_node=False)
+    assert lz.shared_bw_bytes_per_s == 10 * u.GBIT_PER_S and lz.latency_s == pytest.approx(lk.latency_s + 2 * u.MS)
+    li = pipeline_link(a, a, None, intra_node=True)
+    assert li.intra_node and li.latency_s == a.intra_node_latency_s
+
+
+def test_p2p_is_priced_at_the_busiest_nic_of_either_side():
+    """Each data-parallel replica sends its own share between its own nodes: a stage boundary
+    spanning 1, 2 or 16 nodes per side moves the micro-batch through that many NICs at once."""
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
     cm = CostModel(LLAMA8, t)
     assert cm.p2p_bytes(4) == 4 * 4096 * 4096 * 2
-    a, b = node(), node("A100-80", nic_gbps=800)
-    bw, lat = pipeline_link(a, b, None, intra_node=False)
-    assert bw == 800 * u.GBIT_PER_S and lat == a.nic_latency_s
-    zl = ZoneLink(zone_a="x", zone_b="y", bw_bytes_per_s=10 * u.GBIT_PER_S, latency_s=2 * u.MS)
-    bw_z, lat_z = pipeline_link(a, b, zl, intra_node=False)
-    assert bw_z == 10 * u.GBIT_PER_S and lat_z == pytest.approx(lat + 2 * u.MS)
-    assert cm.p2p_time_s(4, bw_z, lat_z) > cm.p2p_time_s(4, bw, lat)
-    assert pipeline_link(a, a, None, intra_node=True) == (a.intra_node_bw_bytes_per_s, a.intra_node_latency_s)
+    n = node(per_node=8, nic_gbps=400)
+    lk = pipeline_link(n, n, None, intra_node=False)
+    eff = cm.calibration.network_efficiency
+    total = cm.p2p_bytes(16)
+    for nodes in (1, 2, 16):
+        cfg = StageConfig(tp=8, dp=nodes, micro_batch_size=16 // nodes)  # whole nodes, 8 GPUs each
+        got = cm.p2p_time_s((n, cfg), (n, cfg), lk)
+        # each node holds 1/nodes of the micro-batch and pushes it through its own NIC
+        assert got == pytest.approx(lk.latency_s + total / nodes / (n.nic_bw_bytes_per_s * eff))
+    # the slower side sets the time: 1 node sending to 16
+    one, wide = StageConfig(tp=8, dp=1, micro_batch_size=16), StageConfig(tp=8, dp=16, micro_batch_size=1)
+    assert cm.p2p_time_s((n, one), (n, wide), lk) == pytest.approx(cm.p2p_time_s((n, one), (n, one), lk))
+    # a stage smaller than a node gets its GPUs' share of the node's NIC
+    half = StageConfig(tp=4, dp=1, micro_batch_size=16)
+    assert cm.p2p_side_time_s(n, half, intra_node=False) == pytest.approx(
+        total / (4 * n.nic_bw_bytes_per_s / 8 * eff))
+    # without sequence parallelism every TP rank sends the whole replica's slice (tp times the bytes)
+    no_sp = StageConfig(tp=8, dp=2, micro_batch_size=8, sequence_parallel=False)
+    sp = StageConfig(tp=8, dp=2, micro_batch_size=8)
+    assert cm.p2p_shard_bytes(no_sp) == pytest.approx(8 * cm.p2p_shard_bytes(sp))
+    # context parallelism splits the tokens too
+    assert cm.p2p_shard_bytes(StageConfig(tp=2, cp=4, dp=2, micro_batch_size=8)) == pytest.approx(total / 16)
+
+
+def test_p2p_across_zones_is_capped_by_the_zone_link():
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    cm = CostModel(LLAMA8, t)
+    n = node(per_node=8, nic_gbps=400)
+    cfg = StageConfig(tp=8, dp=16, micro_batch_size=1)
+    zl = ZoneLink(zone_a="x", zone_b="y", bw_bytes_per_s=100 * u.GBIT_PER_S, latency_s=5 * u.MS)
+    inside = cm.p2p_time_s((n, cfg), (n, cfg), pipeline_link(n, n, None, intra_node=False))
+    across = cm.p2p_time_s((n, cfg), (n, cfg), pipeline_link(n, n, zl, intra_node=False))
+    eff = cm.calibration.network_efficiency
+    assert across == pytest.approx(n.nic_latency_s + 5 * u.MS + cm.p2p_bytes(16) / (zl.bw_bytes_per_s * eff))
+    assert across > 10 * inside
+    # a fast zone link does not make the NICs faster
+    fast = ZoneLink(zone_a="x", zone_b="y", bw_bytes_per_s=1e6 * u.GBIT_PER_S, latency_s=0.0)
+    assert cm.p2p_time_s((n, cfg), (n, cfg), pipeline_link(n, n, fast, intra_node=False)) == pytest.approx(inside)
+    # mixed micro-batches on the two sides are not a pipeline
+    with pytest.raises(SpecError, match="micro_batch"):
+        cm.p2p_time_s((n, cfg), (n, StageConfig(tp=8, dp=8, micro_batch_size=1)), pipeline_link(n, n, None, intra_node=False))
+
+
+def test_p2p_of_the_issue_example_is_about_thirteen_milliseconds():
+    """32 A100-40 (nodes of 4, 50 Gb/s) after 96 V100-16 (nodes of 4, 32 Gb/s), OPT-350M in fp32,
+    per-rank micro-batch 4: V100 tp4 dp16 sends to A100 tp2 dp16. The busiest NIC is an A100
+    node receiving two replicas' shares, 67 MB at 50 Gb/s: ~11 ms at line rate, ~13 ms at 80%."""
+    opt = ModelSpec(name="opt-350m", num_layers=24, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                    vocab_size=50272, mlp_type="relu", norm_type="layernorm", attention_bias="all", mlp_bias=True,
+                    position_embedding="learned", max_position_embeddings=2050, embedding_dim=512,
+                    final_norm=False)
+    t = TrainingSpec(global_batch_size=1024, seq_len=2048, precision="fp32")
+    cm = CostModel(opt, t)
+    v100 = node("V100-16", per_node=4, link_gbs=150, nic_gbps=32)
+    a100 = node("A100-40", per_node=4, link_gbs=300, nic_gbps=50)
+    got = cm.p2p_time_s((v100, StageConfig(tp=4, dp=16, micro_batch_size=4)),
+                        (a100, StageConfig(tp=2, dp=16, micro_batch_size=4)),
+                        pipeline_link(v100, a100, None, intra_node=False))
+    assert cm.p2p_bytes(64) == pytest.approx(537e6, rel=1e-3)
+    line_rate = 2 * cm.p2p_bytes(64) / 16 / (50 * u.GBIT_PER_S)
+    assert line_rate == pytest.approx(10.7e-3, rel=0.01)
+    assert got == pytest.approx(line_rate / cm.calibration.network_efficiency, rel=0.01)
+    assert 12e-3 <= got <= 14.5e-3  # within 10% of the ~13 ms estimate
 
 
 # --- validity and contract -------------------------------------------------------------------------

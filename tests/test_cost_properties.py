@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tangram_opt import units as u
-from tangram_opt.cost import RECOMPUTE_MODES, CostModel, LayerCost, StageConfig
+from tangram_opt.cost import RECOMPUTE_MODES, CostModel, LayerCost, StageConfig, pipeline_link
 from tangram_opt.specs import MLASpec, ModelSpec, MoESpec, NodeSpec, TrainingSpec, get_gpu_type
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,7 +82,8 @@ def test_everything_is_positive_and_finite(setup):
             assert math.isfinite(v) and v > 0, (name, v)
         assert math.isfinite(c.grad_sync_time_s) and c.grad_sync_time_s >= 0
         assert math.isfinite(c.model_flops) and c.model_flops >= 0
-    assert cm.p2p_time_s(cfg.pipeline_micro_batch, 10 * u.GB_PER_S, 5 * u.US) > 0
+    link = pipeline_link(node, node, None, intra_node=False)
+    assert cm.p2p_time_s((node, cfg), (node, cfg), link) > 0
     assert cm.model_flops_per_step() > 0
 
 
@@ -144,5 +145,6 @@ def test_time_never_decreases_when_bandwidth_drops(setup, factor, which):
         assert b.fwd_time_s >= a.fwd_time_s * (1 - 1e-12)
         assert b.bwd_time_s >= a.bwd_time_s * (1 - 1e-12)
         assert b.grad_sync_time_s >= a.grad_sync_time_s * (1 - 1e-12) - 1e-15
-    mb = cfg.pipeline_micro_batch
-    assert cm.p2p_time_s(mb, 1 * u.GB_PER_S, 5 * u.US) >= cm.p2p_time_s(mb, 10 * u.GB_PER_S, 5 * u.US)
+    for intra in (False, True):
+        fast_link, slow_link = (pipeline_link(x, x, None, intra_node=intra) for x in (node, slow))
+        assert cm.p2p_time_s((slow, cfg), (slow, cfg), slow_link) >= cm.p2p_time_s((node, cfg), (node, cfg), fast_link)

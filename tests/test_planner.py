@@ -39,8 +39,16 @@ def three_islands():
                                   dict(name="l4", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
 
 
+def slow_nics():
+    # multi-node islands behind slow NICs: stage boundaries cost as much as a stage, and how many
+    # nodes each side spans decides what they cost
+    return make_cluster("slow", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=10),
+                                 dict(name="v100", gpu="V100-16", nodes=2, gpus_per_node=2, nic_gbps=5)])
+
+
 INSTANCES = {
     "dense-2islands-1f1b": (two_islands, "llama-3-8b", 4, "fp16", "1f1b"),
+    "dense-slow-nics-1f1b": (slow_nics, "llama-3-8b", 4, "fp16", "1f1b"),
     "moe-dense-first-3islands-1f1b": (three_islands, "deepseek-v2-lite", 4, "bf16", "1f1b"),
     "moe-3islands-gpipe": (three_islands, "mixtral-8x7b", 4, "bf16", "gpipe"),
 }
@@ -229,17 +237,14 @@ def test_candidates_obey_divisibility_and_pareto_pruning_is_exact():
     b = 16
     kinds = ctx.kinds
     kept = ctx.candidates(b)
-    from tangram_opt.planner.candidates import Candidate
+    from tangram_opt.planner.candidates import price_candidate
 
     for isl in ctx.islands:
         priced = []
         for cfg in provider.configs(isl, b):
             if ctx.cost.check_config(isl.node, cfg):
                 continue
-            priced.append(Candidate(island=isl.index, config=cfg,
-                                    layer={k: ctx.cost.layer(isl.node, cfg, k) for k in kinds},
-                                    embedding=ctx.cost.embedding(isl.node, cfg), head=ctx.cost.head(isl.node, cfg),
-                                    capacity_bytes=ctx.cost.usable_memory_bytes(isl.node)))
+            priced.append(price_candidate(ctx.cost, isl, cfg, kinds))
         mine = [c for c in kept if c.island == isl.index]
         fits = [c for c in priced if any(c.max_layers(k, 1, first=False, last=False) >= 1 for k in kinds)]
         assert len(mine) < len(fits)  # pruning removed something here...

@@ -329,8 +329,9 @@ def test_simulate_prices_stages_from_the_specs():
     pipe = res.pipelines[0]
     for k in range(2):
         a, b = plan.pipelines[0].stages[k:k + 2]
-        bw, lat = island_link(CLUSTER, isl[a.island], isl[b.island])
-        assert pipe.p2p_time_s[k] == pytest.approx(cost.p2p_time_s(2, bw, lat))
+        link = island_link(CLUSTER, isl[a.island], isl[b.island])
+        assert pipe.p2p_time_s[k] == pytest.approx(cost.p2p_time_s((isl[a.island].node, a.config),
+                                                                   (isl[b.island].node, b.config), link))
     assert pipe.p2p_time_s[0] != pipe.p2p_time_s[1]  # NIC between islands, NVLink inside the v100 node
     assert res.step_time_s == pytest.approx(max(s.end_s for s in res.stages))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from tangram_opt.cost import StageConfig
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
-from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.candidates import Candidate, price_candidate
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import PipelineProblem, StageChoice
 from tangram_opt.planner.islands import Island
@@ -64,10 +64,7 @@ def stage_candidate(ctx: PlanningContext, island: Island, config: StageConfig,
     if problems:
         raise SpecError("stage", config.label, f"is not valid on island {island.name!r}: " + "; ".join(problems),
                         "choose a configuration from the island's candidate table")
-    return Candidate(island=island.index, config=config,
-                     layer={k: cost.layer(island.node, config, k) for k in ctx.kinds},  # type: ignore[arg-type]
-                     embedding=cost.embedding(island.node, config), head=cost.head(island.node, config),
-                     capacity_bytes=cost.usable_memory_bytes(island.node), label=f"{island.name}:{config.label}")
+    return price_candidate(cost, island, config, ctx.kinds)
 
 
 def layout_problem(ctx: PlanningContext, layout: Sequence[StageLayout],
@@ -76,7 +73,7 @@ def layout_problem(ctx: PlanningContext, layout: Sequence[StageLayout],
     b = pipeline_micro_batch
     cands = [stage_candidate(ctx, s.island, s.config, b) for s in layout]
     problem = PipelineProblem(candidates=cands, kinds=ctx.kinds, layers=ctx.layers,
-                              island_gpus={i.index: i.num_gpus for i in ctx.islands}, p2p_s=ctx.p2p_table(b),
+                              island_gpus={i.index: i.num_gpus for i in ctx.islands}, links=ctx.links(b),
                               num_micro_batches=ctx.training.global_batch_size // b, pipeline_micro_batch=b,
                               max_stages=max(ctx.max_stages, len(layout)), schedule=ctx.space.schedule)
     choices = [StageChoice(candidate=k, layers={kd: s.layers.get(kd, 0) for kd in ctx.kinds})

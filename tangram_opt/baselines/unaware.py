@@ -32,7 +32,7 @@ from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulation import StageChoice
 from tangram_opt.planner.islands import Island
-from tangram_opt.planner.pipeline_model import inflight_micro_batches, pipeline_timing
+from tangram_opt.planner.pipeline_model import boundary_time_s, inflight_micro_batches, pipeline_timing
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster, NodeGroup
 from tangram_opt.specs.hardware import GPUType
@@ -129,7 +129,7 @@ def heterogeneity_unaware(ctx: PlanningContext) -> UnawareResult:
     best: tuple[float, int, Candidate, int, list[dict[str, int]]] | None = None
     for b in vctx.pipeline_micro_batches():
         m = ctx.training.global_batch_size // b
-        p2p = vctx.p2p_table(b)
+        links = vctx.links(b)
         for c in vctx.candidates(b):
             visl = vctx.islands[c.island]
             g = c.gpus
@@ -147,8 +147,8 @@ def heterogeneity_unaware(ctx: PlanningContext) -> UnawareResult:
                 if any(c.memory_bytes(layers[k], inflight_micro_batches(k, P, m, ctx.space.schedule),
                                       first=k == 0, last=k == P - 1) > c.capacity_bytes for k in range(P)):
                     continue
-                t = pipeline_timing([(c, lay) for lay in layers], [p2p[c.island, c.island]] * (P - 1), m,
-                                    ctx.space.schedule).step_time_s
+                link = boundary_time_s(links[c.island, c.island], c, c)
+                t = pipeline_timing([(c, lay) for lay in layers], [link] * (P - 1), m, ctx.space.schedule).step_time_s
                 if best is not None and t >= best[0]:
                     continue
                 real = _real_layout(ctx, c.config, g, P, layers, b)

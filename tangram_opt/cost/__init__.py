@@ -1,7 +1,7 @@
 """Cost model: time and memory of one homogeneous stage configuration (see docs/cost_model.md)."""
 
 from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, fit_calibration
-from tangram_opt.cost.comm import collective_time_s, pipeline_link
+from tangram_opt.cost.comm import PipelineLink, collective_time_s, pipeline_link
 from tangram_opt.cost.config import RECOMPUTE_MODES, ZERO_STAGES, LayerCost, StageConfig
 from tangram_opt.cost.flops import ATTENTION_KERNELS, model_flops_per_token
 from tangram_opt.cost.model import FP32_MATMUL_MODES, CostModel
@@ -9,7 +9,7 @@ from tangram_opt.cost.profiles import (SAILOR_MODELS, LayerProfile, ProfileEntry
                                        load_sailor_profile, sailor_profiles, save_profile)
 
 __all__ = [
-    "RECOMPUTE_MODES", "ZERO_STAGES", "LayerCost", "StageConfig", "Calibration", "CostModel", "pipeline_link",
+    "RECOMPUTE_MODES", "ZERO_STAGES", "LayerCost", "StageConfig", "Calibration", "CostModel", "pipeline_link", "PipelineLink",
     "DEFAULT_CALIBRATION", "fit_calibration", "collective_time_s", "ATTENTION_KERNELS", "FP32_MATMUL_MODES",
     "model_flops_per_token", "SAILOR_MODELS", "LayerProfile", "ProfileEntry", "ProfileSet", "load_profile",
     "load_sailor_profile", "sailor_profiles", "save_profile",

@@ -106,27 +106,61 @@ def collective_time_s(node: NodeSpec, kind: str, nbytes: float, n: int, *, strid
     return inner + cross
 
 
-def p2p_time_s(nbytes: float, bw_bytes_per_s: float, latency_s: float, efficiency: float = 1.0) -> float:
-    """One point-to-point send of ``nbytes``."""
-    return latency_s + nbytes / (bw_bytes_per_s * efficiency)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineLink:
+    """The path between the islands of two consecutive pipeline stages.
+
+    ``intra_node``: both stages sit in one node and talk over its scale-up link (NVLink or PCIe);
+    otherwise every GPU sends its share through its node's NIC. ``latency_s`` is one message's
+    latency; ``shared_bw_bytes_per_s`` is a link the whole micro-batch crosses at once (the zone
+    link between two zones; infinite inside one zone).
+    """
+
+    intra_node: bool
+    latency_s: float
+    shared_bw_bytes_per_s: float = math.inf
 
 
-def pipeline_link(src: NodeSpec, dst: NodeSpec, zone_link: ZoneLink | None, *,
-                  intra_node: bool) -> tuple[float, float]:
-    """Bandwidth (bytes/s) and latency (s) of the p2p path between two consecutive stages.
+def pipeline_link(src: NodeSpec, dst: NodeSpec, zone_link: ZoneLink | None, *, intra_node: bool) -> PipelineLink:
+    """The p2p path between two consecutive stages on nodes ``src`` and ``dst``.
 
-    Inside one node (``intra_node``) it is the scale-up link of one GPU pair (each TP rank sends its
-    own slice to its peer, so the per-GPU figure applies to each slice in parallel; the micro-batch's
-    activation crosses at ``tp x`` that rate, which we conservatively do not count). Across nodes,
-    each side drives one node's NIC (a conservative figure for stages larger than a node, whose TP
-    ranks send through several NICs), and a zone link caps the rate and adds its latency when the
-    stages sit in different zones.
+    Inside one node (``intra_node``) it is the scale-up link; across nodes the NICs of both sides,
+    with the larger of the two latencies; between zones the zone link caps the whole transfer and
+    adds its latency.
     """
     if intra_node:
-        return src.intra_node_bw_bytes_per_s, src.intra_node_latency_s
-    bw = min(src.nic_bw_bytes_per_s, dst.nic_bw_bytes_per_s)
+        return PipelineLink(intra_node=True, latency_s=src.intra_node_latency_s)
     lat = max(src.nic_latency_s, dst.nic_latency_s)
-    if zone_link is not None:
-        bw = min(bw, zone_link.bw_bytes_per_s)
-        lat += zone_link.latency_s
-    return bw, lat
+    if zone_link is None:
+        return PipelineLink(intra_node=False, latency_s=lat)
+    return PipelineLink(intra_node=False, latency_s=lat + zone_link.latency_s,
+                        shared_bw_bytes_per_s=zone_link.bw_bytes_per_s)
+
+
+def p2p_side_time_s(shard_bytes: float, node: NodeSpec, *, intra_node: bool, efficiency: float = 1.0) -> float:
+    """Seconds for every GPU of one side of a stage boundary to move its ``shard_bytes`` share.
+
+    Each data-parallel replica (and each context- and, with sequence parallelism, tensor-parallel
+    rank) sends its own slice of the micro-batch to its peer in the next stage, all at the same
+    time, so the busiest link carries one GPU's share at that GPU's share of the link: the
+    scale-up bandwidth per GPU inside a node, ``nic_bw / gpus_per_node`` through the NIC (a stage
+    of whole nodes drives all of each node's NIC; a stage smaller than a node gets its GPUs'
+    share, since the node's other GPUs belong to stages sending at the same time under 1F1B).
+    """
+    bw = node.intra_node_bw_bytes_per_s if intra_node else node.nic_bw_per_gpu_bytes_per_s
+    return shard_bytes / (bw * efficiency)
+
+
+def shared_link_time_s(link: PipelineLink, total_bytes: float, efficiency: float = 1.0) -> float:
+    """Seconds the whole micro-batch (``total_bytes``) needs on the link both sides share (0 when none)."""
+    if not math.isfinite(link.shared_bw_bytes_per_s):
+        return 0.0
+    return total_bytes / (link.shared_bw_bytes_per_s * efficiency)
+
+
+def p2p_time_s(link: PipelineLink, *, side_s: tuple[float, float], shared_s: float) -> float:
+    """One micro-batch's activations (or gradients) across a stage boundary: the latency plus the
+    slowest of the sending side, the receiving side (``side_s``, from :func:`p2p_side_time_s`) and
+    the shared link that the whole micro-batch crosses (``shared_s``, :func:`shared_link_time_s`).
+    The two sides and the shared link run as one pipelined stream, so the slowest sets the rate."""
+    return link.latency_s + max(side_s[0], side_s[1], shared_s)

@@ -474,14 +474,43 @@ class CostModel:
 
     # --- pipeline point-to-point -----------------------------------------------------------------------
     def p2p_bytes(self, pipeline_micro_batch: int) -> float:
-        """Activation bytes one stage sends the next per micro-batch (the gradient coming back is the same size)."""
+        """Activation bytes one stage sends the next per micro-batch, summed over its GPUs (the
+        gradient coming back is the same size)."""
         t = self.training
         return pipeline_micro_batch * t.seq_len * self.model.hidden_size * t.activation_bytes
 
-    def p2p_time_s(self, pipeline_micro_batch: int, bw_bytes_per_s: float, latency_s: float) -> float:
-        """Seconds to send one micro-batch's activations between consecutive stages."""
-        return comm.p2p_time_s(self.p2p_bytes(pipeline_micro_batch), bw_bytes_per_s, latency_s,
-                               self.calibration.network_efficiency)
+    def p2p_shard_bytes(self, cfg: StageConfig) -> float:
+        """Bytes one GPU of a stage sends (and receives) per micro-batch: every data-parallel replica
+        and context-parallel rank holds its own slice, and with sequence parallelism each
+        tensor-parallel rank its own ``1/tp`` of it; without it every TP rank sends the whole slice
+        (Megatron-core's p2p shapes: ``seq_len / tp`` only under sequence parallelism)."""
+        shards = cfg.dp * cfg.cp * (cfg.tp if cfg.sequence_parallel else 1)
+        return self.p2p_bytes(cfg.pipeline_micro_batch) / shards
+
+    def p2p_side_time_s(self, node: NodeSpec, cfg: StageConfig, *, intra_node: bool) -> float:
+        """Seconds one side of a stage boundary needs to move its share of a micro-batch
+        (:func:`~tangram_opt.cost.comm.p2p_side_time_s`)."""
+        return comm.p2p_side_time_s(self.p2p_shard_bytes(cfg), node, intra_node=intra_node,
+                                    efficiency=self.calibration.network_efficiency)
+
+    def p2p_shared_time_s(self, pipeline_micro_batch: int, link: comm.PipelineLink) -> float:
+        """Seconds the whole micro-batch needs on the link both sides share (a zone link; 0 inside a zone)."""
+        return comm.shared_link_time_s(link, self.p2p_bytes(pipeline_micro_batch), self.calibration.network_efficiency)
+
+    def p2p_time_s(self, src: tuple[NodeSpec, StageConfig], dst: tuple[NodeSpec, StageConfig],
+                   link: comm.PipelineLink) -> float:
+        """Seconds to send one micro-batch's activations from stage ``src`` to stage ``dst``
+        ((node shape, configuration) each) over ``link``: latency plus the slowest of the two
+        sides and the shared link (:func:`~tangram_opt.cost.comm.p2p_time_s`)."""
+        (src_node, src_cfg), (dst_node, dst_cfg) = src, dst
+        b = src_cfg.pipeline_micro_batch
+        if dst_cfg.pipeline_micro_batch != b:
+            raise SpecError("stage.micro_batch_size", (src_cfg.label, dst_cfg.label),
+                            "consecutive stages carry different pipeline micro-batches",
+                            "give every stage of a pipeline the same dp x micro_batch_size")
+        sides = (self.p2p_side_time_s(src_node, src_cfg, intra_node=link.intra_node),
+                 self.p2p_side_time_s(dst_node, dst_cfg, intra_node=link.intra_node))
+        return comm.p2p_time_s(link, side_s=sides, shared_s=self.p2p_shared_time_s(b, link))
 
     # --- MFU ----------------------------------------------------------------------------------------------
     def model_flops_per_step(self) -> float:

@@ -12,9 +12,9 @@ middle stages can be ordered to fit memory iff, for every q < m, at most ``q - 1
 ``f_s <= q`` — a handful of linear constraints replace the whole position dimension. The first
 stage sits at distance P - 1, so ``P <= f_first``.
 
-What the aggregated model relaxes (so its optimum is a valid lower bound): p2p traffic is priced
-at the cheapest link for every boundary, and the step tail only at the first stage (which has no
-stage upstream of it). The decoded plan is ordered (island blocks, memory-feasible) and evaluated
+What the aggregated model relaxes (so its optimum is a valid lower bound): p2p traffic is bounded
+below per boundary (the fastest path between its islands, and each stage's own side of it, not
+the pair's exact maximum), and the step tail only by counting arguments on the stages upstream. The decoded plan is ordered (island blocks, memory-feasible) and evaluated
 exactly; the gap between that exact value and the bound is what the certificate reports.
 Plan-space convention for models with dense-first layers (DeepSeek): all dense layers are on the
 first stage.
@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.candidates import Candidate, sends_no_slower
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.pipeline_model import pipeline_timing
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var, lsum
@@ -113,9 +113,11 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
 
     Pruning is exact: a type is dropped only if another type of the same island and layers uses no
     more GPUs, is no slower (forward and forward+backward; GPipe: forward and backward), no worse
-    in tail, and tolerates at least as many micro-batches in flight. Swapping it in keeps a plan
-    feasible and never lengthens its closed-form step: the sum of stage times drops by at least
-    as much as a smaller backward can expose of downstream tails (formulations/pipeline_mip.md §3).
+    in tail, no slower on either side of a stage boundary, and tolerates at least as many
+    micro-batches in flight. Swapping it in keeps a plan feasible and never lengthens its
+    closed-form step: the sum of stage times (and twice that of the links) drops by at least as
+    much as a smaller backward (or link) can expose of downstream tails
+    (formulations/pipeline_mip.md §3).
     """
     m = problem.num_micro_batches
     gpipe = problem.schedule == "gpipe"
@@ -160,7 +162,8 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
                 g = cands[t.candidate].gpus
                 if not any(f.time_s <= t.time_s and f.fwd_s <= t.fwd_s and f.tail_s <= t.tail_s
                            and f.tolerance >= t.tolerance and cands[f.candidate].gpus <= g
-                           and (not gpipe or f.bwd_s <= t.bwd_s) for f in front):
+                           and (not gpipe or f.bwd_s <= t.bwd_s)
+                           and sends_no_slower(cands[f.candidate], cands[t.candidate]) for f in front):
                     front.append(t)
             kept.extend(front)
         out[role] = kept
@@ -323,7 +326,7 @@ class AggregatedMIP:
                 c = cands[ci]
                 u_c = min(p.island_gpus[c.island] // c.gpus, R)
                 md.add(expr <= tl * count[ci] + u_c * (Tmax - tl), f"mccormick[{ci}]")
-        c_min = fl(min(p.p2p_s.values()))
+        c_min = fl(min(p.link_lo_s.values()))
         # Smax: the steady period per micro-batch; the window [lo, hi] applies to it (Tmax <= Smax)
         Smax = self.aux["Smax"] = md.add_var("Smax", max(tl, c_min) if not gpipe else c_min,
                                              ce(hi) if math.isfinite(hi) else big_t, integer=True)
@@ -378,9 +381,20 @@ class AggregatedMIP:
                         for j in rest:
                             md.add(crossing >= self.aux[f"on[{i}]"] + self.aux[f"on[{j}]"] - 1,
                                    f"connect[{','.join(map(str, group))}|{i},{j}]")
+        # total p2p time Cm. A boundary takes its path's latency plus the slowest of its sending
+        # side, its receiving side and the shared (zone) link: at least link_lo for its islands, and
+        # at least latency + the sender's side (or the receiver's). Summed over boundaries, every
+        # stage but the last sends once and every stage but the first receives once. The step
+        # tail's upstream time counts the links as Cm plus one tick per boundary (their rounding
+        # down): the objective prices Cm twice, so raising it to shrink an exposed tail never pays.
         Cm = self.aux["Cm"] = md.add_var("Cm", 0, big_t, integer=True)
-        md.add(Cm == lsum(fl(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands), "comm")
-        sent_ub = lsum(ce(p.p2p_s[i, j]) * self.a[i, j] for i in islands for j in islands)
+        md.add(Cm >= lsum(fl(p.link_lo_s[i, j]) * self.a[i, j] for i in islands for j in islands), "comm")
+        latency = lsum(fl(p.links[i, j].latency_s) * self.a[i, j] for i in islands for j in islands)
+        side_lo = lambda tys, si: fl(p.side_bounds_s(cands[tys[si].candidate])[0])  # noqa: E731
+        mid_sides = lsum(side_lo(mids, si) * var for si, var in self.n.items())
+        md.add(Cm >= latency + lsum(side_lo(firsts, si) * var for si, var in self.e.items()) + mid_sides, "comm_send")
+        md.add(Cm >= latency + lsum(side_lo(lasts, si) * var for si, var in self.h.items()) + mid_sides, "comm_recv")
+        sent_ub = Cm + n_mid + 1  # P - 1 boundaries
         # a link used at all bounds the period (each direction carries one transfer per micro-batch),
         # and so does the block of the two stages it joins: 2 Smax >= T_a + T_b + 2 c_ij, with
         # T_a, T_b at least the fastest stage used on their islands (tmin[i])
@@ -396,7 +410,7 @@ class AggregatedMIP:
                             md.add(Constraint({tv.index: 1.0, var.index: float(big_s)}, -math.inf,
                                               float(fl(tys[si].time_s) + big_s)), f"tmin_def[{i},{role}{si}]")
         for (i, j), av in self.a.items():
-            cij = fl(p.p2p_s[i, j])
+            cij = fl(p.link_lo_s[i, j])
             pair = bool(tmin) and 2 * cij > tl
             if cij > (tl if not gpipe else 0) or pair:
                 wv = self.aux[f"w[{i},{j}]"] = md.add_binary(f"w[{i},{j}]")
@@ -408,13 +422,26 @@ class AggregatedMIP:
                     md.add(Smax >= cij * wv, f"link_S[{i},{j}]")
                     if pair:
                         md.add(2 * Smax >= tmin[i] + tmin[j] + 2 * cij - 3 * ce(hi) * (1 - wv), f"link_block[{i},{j}]")
+        # every stage has a boundary, at least its island's smallest latency plus its own side: a
+        # stage type whose link alone exceeds the period's lower end bounds the period when used
+        for role, group, tys in (("first", self.e, firsts), ("last", self.h, lasts), ("mid", self.o, mids)):
+            for si, var in group.items():
+                c_own = fl(self._link_floor_s(tys[si]))
+                if c_own <= (tl if not gpipe else 0):
+                    continue
+                if gpipe:
+                    md.add(self.aux["Fmax"] >= c_own * var, f"own_link_F[{role}{si}]")
+                    md.add(self.aux["Bmax"] >= c_own * var, f"own_link_B[{role}{si}]")
+                else:
+                    md.add(Constraint({Smax.index: 1.0, var.index: -float(c_own)}, 0.0, math.inf),
+                           f"own_link[{role}{si}]")
         if not gpipe and m > 2 and math.isfinite(hi):
             # 1F1B in-flight limit over the whole pipeline: Smax * P >= sum T + 2 * sum c when P < m;
             # the binary `short` says P <= m - 1 and switches the rows off otherwise
             relax = LinExpr()
             if R >= m:
                 hi_t = ce(hi)
-                big = R * hi_t + 2 * R * ce(max(p.p2p_s.values()))
+                big = R * hi_t + 2 * R * ce(max(p.link_hi_s.values()))
                 short = self.aux["short"] = md.add_binary("short")
                 md.add(2 + n_mid <= (m - 1) + (R - m + 1) * (1 - short), "short_def")
                 md.add(2 + n_mid >= m * (1 - short), "short_def2")
@@ -434,7 +461,8 @@ class AggregatedMIP:
                 ends = 0 if group is self.n else 1
                 for si, var in group.items():
                     i = isl_of(tys, si)
-                    entries.append((tys[si].time_s + cmin[i], tys[si].time_s, i, ends, var))
+                    entries.append((tys[si].time_s + max(cmin[i], self._link_floor_s(tys[si])), tys[si].time_s, i,
+                                    ends, var))
             heavy_w = sorted({w for w, *_ in entries if w > hi * (1 + 1e-9)})
             thetas = [hi] + heavy_w[:-1][::max(1, len(heavy_w) // NEIGHBOUR_THRESHOLDS)]
             slack = 2 * hi * 1e-9
@@ -454,7 +482,7 @@ class AggregatedMIP:
                 # (w = T + c_ii there) and the stages compatible with its fastest one, which
                 # leaves out the stages only some other island's heavy stages could neighbour
                 for i in islands:
-                    inside = [e_[2] == i and e_[1] + p.p2p_s[i, i] > theta * (1 + 1e-9) for e_ in entries]
+                    inside = [e_[2] == i and e_[1] + p.link_lo_s[i, i] > theta * (1 + 1e-9) for e_ in entries]
                     heavy_i = [e_ for e_, h in zip(entries, inside) if h]
                     if not heavy_i:
                         continue
@@ -464,7 +492,10 @@ class AggregatedMIP:
                     sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
                     self._neighbour_row(md, entries, heavy_i, light_i, sandwich_i if m > 3 else None,
                                         f"neighbours[{q},{i}]", cpair, hi + slack / 2)
-        out_min = {i: fl(min(p.p2p_s[i, j] for j in islands)) for i in islands}
+        # a lower bound on the link out of a stage of each candidate used (ticks)
+        out_min = {i: fl(min(p.link_lo_s[i, j] for j in islands)) for i in islands}
+        out_lo = {t.candidate: max(out_min[cands[t.candidate].island], fl(self._link_floor_s(t)))
+                  for ts in self.types.values() for t in ts}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
         # nothing upstream; for any other stage the upstream time is at most every stage's
@@ -481,14 +512,14 @@ class AggregatedMIP:
             t = mids[si]
             if fl(t.tail_s) > 0:
                 # the most upstream copy of type s has its n_s - 1 siblings downstream of it
-                sibling = fl(t.bwd_s) + out_min[isl_of(mids, si)]
-                own = ce(t.bwd_s) + out_min[isl_of(mids, si)]  # its own backward and send, inside U
+                sibling = fl(t.bwd_s) + out_lo[t.candidate]
+                own = ce(t.bwd_s) + out_lo[t.candidate]  # its own backward and send, inside U
                 # Y >= (tail + own - sibling) o + sibling n - U
                 md.add(Constraint({Y.index: 1.0, ov.index: -float(fl(t.tail_s) + own - sibling),
                                    self.n[si].index: -float(sibling), U.index: 1.0}, 0.0, math.inf),
                        f"tail_mid[{si}]")
         if self.lower_tail_s is not None:
-            self._tail_window_rows(md, Y, sent_ub, fl, ce, out_min,
+            self._tail_window_rows(md, Y, sent_ub, fl, ce, out_lo,
                                    successors=o.order_rows and not gpipe and m > 2 and math.isfinite(hi))
 
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
@@ -508,13 +539,13 @@ class AggregatedMIP:
         islands = sorted(p.island_gpus)
         cands = p.candidates
         Smax, Cm = self.aux["Smax"], self.aux["Cm"]
-        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.p2p_s.values()))), ce(self.upper_tmax_s)
+        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
         n_mid = lsum(self.n.values())
         round_trip = total_T_expr(self, fl) + 2 * Cm
         md.add(hi_t * (2 + n_mid) + first * Smax - first * hi_t + relax >= round_trip, f"cycle_hi{tag}")
         md.add(lo_t * (2 + n_mid) + last * Smax - last * lo_t + relax >= round_trip, f"cycle_lo{tag}")
-        c_out = {i: ce(max(p.p2p_s[i, j] for j in islands)) for i in islands}
-        c_in = {i: ce(max(p.p2p_s[j, i] for j in islands)) for i in islands}
+        c_out = {i: ce(max(p.link_hi_s[i, j] for j in islands)) for i in islands}
+        c_in = {i: ce(max(p.link_hi_s[j, i] for j in islands)) for i in islands}
         for end, group, tys, link in (("first", self.e, self.types["first"], c_out),
                                       ("last", self.h, self.types["last"], c_in)):
             trimmed = round_trip - lsum((ce(tys[si].time_s) + 2 * link[cands[tys[si].candidate].island]) * var
@@ -549,8 +580,15 @@ class AggregatedMIP:
         cheaper direction of the link between islands i and j."""
         p = self.problem
         islands = sorted(p.island_gpus)
-        cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+        cpair = {(i, j): min(p.link_lo_s[i, j], p.link_lo_s[j, i]) for i in islands for j in islands}
         return {i: min(cpair[i, j] for j in islands) for i in islands}, cpair
+
+    def _link_floor_s(self, t: StageType) -> float:
+        """A lower bound on every link of a stage of type ``t``: its island's smallest latency plus
+        its own side (a boundary takes at least either side's time)."""
+        p = self.problem
+        c = p.candidates[t.candidate]
+        return p.latency_lo_s(c.island) + p.side_bounds_s(c)[0]
 
     def _compatible_limits(self, t_min: dict[int, float], cpair: dict[tuple[int, int], float]
                            ) -> tuple[dict[int, float], dict[int, float] | None]:
@@ -624,7 +662,7 @@ class AggregatedMIP:
         md.add(Constraint(full, -math.inf, 0.0), f"neighbours_medium{tag}")
 
     def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce,  # type: ignore[no-untyped-def]
-                          out_min: dict[int, int], *, successors: bool) -> None:
+                          out_lo: dict[int, int], *, successors: bool) -> None:
         """Rows of a window that holds only plans with some stage's tail above ``lower_tail_s``.
 
         Then, for every theta <= lower_tail_s, some stage has a tail above theta; the most upstream
@@ -667,13 +705,14 @@ class AggregatedMIP:
         # as the next tail below it)
         thetas = sorted({lower * (1 - q / TAIL_WINDOW_ROWS) for q in range(TAIL_WINDOW_ROWS + 1)}, reverse=True)
         theta_min = 0.5 * lower
-        succ_term = self._successor_term(md, entries, theta_min, out_min, fl) if successors else LinExpr()
+        succ_term = self._successor_term(md, entries, theta_min, out_lo, fl) if successors else LinExpr()
         succ_tail = {z.index: self.types["mid"][si].tail_s for si, z in self.succ.items()}
         isl = lambda t: cands[t.candidate].island  # noqa: E731
         # Y + cover - (downstream links) >= least, as a coefficient dict
         base = {i: c for i, c in sent_ub.coefs.items()}
         base[Y.index] = base.get(Y.index, 0.0) + 1.0
-        not_last = [(tail, bwd, var.index, out_min[isl(t)]) for tail, bwd, role, var, t, _ in entries if role != "last"]
+        not_last = [(tail, bwd, var.index, out_lo[t.candidate]) for tail, bwd, role, var, t, _ in entries
+                    if role != "last"]
         for q, theta in enumerate(thetas):
             least = min(e_[0] for e_ in entries if e_[0] > theta)
             row = dict(base)
@@ -689,7 +728,7 @@ class AggregatedMIP:
             md.add(Constraint(row, float(fl(least) - sent_ub.const + succ_term.const), math.inf), f"tail_window_Y[{q}]")
 
     def _successor_term(self, md: LinearModel, entries: list, theta_min: float,  # type: ignore[type-arg]
-                        out_min: dict[int, int], fl) -> LinExpr:  # type: ignore[no-untyped-def]
+                        out_lo: dict[int, int], fl) -> LinExpr:  # type: ignore[no-untyped-def]
         """sum_s (B_s + out-link) succ[s] over the successors of the slow large-tail stages (see
         ``_tail_window_rows``); empty when no such middle stage can exist."""
         p = self.problem
@@ -698,7 +737,8 @@ class AggregatedMIP:
         lower = self.lower_tail_s
         isl = lambda t: cands[t.candidate].island  # noqa: E731
         cmin, cpair = self._link_minima()
-        in_s = [tail > lower and t.time_s + cmin[isl(t)] > hi * (1 + 1e-9) for tail, _, _, _, t, _ in entries]
+        in_s = [tail > lower and t.time_s + max(cmin[isl(t)], self._link_floor_s(t)) > hi * (1 + 1e-9)
+                for tail, _, _, _, t, _ in entries]
         if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
             return LinExpr()
         t_min: dict[int, float] = {}  # fastest member of S per island
@@ -732,7 +772,7 @@ class AggregatedMIP:
                 self.succ[si] = z
                 need.add_term(z, -1)
                 edges.add_term(z, -two)
-                term.add_term(z, fl(t.bwd_s) + out_min[isl(t)])
+                term.add_term(z, fl(t.bwd_s) + out_lo[t.candidate])
         md.add(need <= 0, "successors")
         md.add(edges <= 0, "successor_edges")
         return term
@@ -834,9 +874,9 @@ def total_T_expr(mip: AggregatedMIP, fl) -> LinExpr:  # type: ignore[no-untyped-
 
 
 def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var]) -> dict[Var, float]:
-    """Fill auxiliary variables from the structural ones: equality-defined ones (Cm, U) from their
-    row, min-type ones (tmin[i]) at the largest value their rows allow, max-type ones (Tmax, Smax,
-    Y, ...) at the smallest. Two passes settle the dependencies between them."""
+    """Fill auxiliary variables from the structural ones: the equality-defined one (U) from its
+    row, min-type ones (tmin[i]) at the largest value their rows allow, max-type ones (Cm, Tmax,
+    Smax, Y, ...) at the smallest. Two passes settle the dependencies between them."""
     x_of = {v.index: val for v, val in vals.items()}
 
     def rows_of(var: Var):  # type: ignore[no-untyped-def]
@@ -851,9 +891,13 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
     for _ in range(2):
         for name in order:
             var = aux[name]
-            if name in ("Cm", "U"):
+            if name == "U":
                 con, a, rest = next((c, a, r) for c, a, r in rows_of(var) if c.lb == c.ub)
                 val = (con.lb - rest) / a
+            elif name == "Cm":  # only its own rows: the tail rows also hold it, as a credit
+                val = max([0.0] + [(con.lb - rest) / a for con, a, rest in rows_of(var)
+                                   if con.name.startswith("comm") and a > 0])
+                val = math.ceil(val - 1e-9)
             elif name.startswith("tmin["):
                 val = var.ub
                 for con, a, rest in rows_of(var):
@@ -868,7 +912,7 @@ def _complete_aux(model: LinearModel, vals: dict[Var, float], aux: dict[str, Var
                     elif a < 0 and not math.isinf(con.ub):
                         val = max(val, (con.ub - rest) / a)
                 val = math.ceil(val - 1e-9)
-            vals[var] = float(round(val)) if name in ("Cm", "U") else float(val)
+            vals[var] = float(round(val)) if name == "U" else float(val)
             x_of[var.index] = vals[var]
     return vals
 
@@ -965,7 +1009,7 @@ def _interleaved_order(problem: PipelineProblem, first: StageType, mids: list[St
     target = max(t.time_s for t in [first, *mids, last])
 
     def block(a: StageType, b: StageType) -> float:
-        return (a.time_s + b.time_s) / 2 + problem.p2p_s[cands[a.candidate].island, cands[b.candidate].island]
+        return (a.time_s + b.time_s) / 2 + problem.boundary_s(cands[a.candidate], cands[b.candidate])
 
     left = list(mids)
     placed: list[StageType] = []  # from the end
@@ -988,9 +1032,8 @@ def _interleaved_order(problem: PipelineProblem, first: StageType, mids: list[St
 
 def _exact(problem: PipelineProblem, stages: Sequence[StageChoice]) -> float:
     cands = problem.candidates
-    p2p = [problem.p2p_s[cands[a.candidate].island, cands[b.candidate].island] for a, b in zip(stages, stages[1:])]
-    return pipeline_timing([(cands[s.candidate], s.layers) for s in stages], p2p, problem.num_micro_batches,
-                           problem.schedule).step_time_s
+    return pipeline_timing([(cands[s.candidate], s.layers) for s in stages], problem.boundaries_s(stages),
+                           problem.num_micro_batches, problem.schedule).step_time_s
 
 
 def _fits(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:

@@ -12,9 +12,8 @@ from tangram_opt.planner.plan import Certificate, PipelinePlan, Plan, StagePlan
 
 def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
     cands = problem.candidates
-    p2p = [problem.p2p_s[cands[a.candidate].island, cands[b.candidate].island] for a, b in zip(choices, choices[1:])]
-    return pipeline_timing([(cands[c.candidate], c.layers) for c in choices], p2p, problem.num_micro_batches,
-                           problem.schedule)
+    return pipeline_timing([(cands[c.candidate], c.layers) for c in choices], problem.boundaries_s(choices),
+                           problem.num_micro_batches, problem.schedule)
 
 
 def pipeline_plan(ctx: PlanningContext, problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelinePlan:

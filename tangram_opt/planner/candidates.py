@@ -29,6 +29,10 @@ class Candidate:
 
     ``layer[kind]`` is the cost of one transformer block of that kind; ``embedding`` and ``head``
     are the extra costs of the first and last stage; ``capacity_bytes`` the usable memory per GPU.
+    ``p2p_nic_s`` / ``p2p_scale_up_s``: seconds this stage's GPUs need to send (or receive) their
+    shares of one micro-batch's activations through their NICs / over their node's scale-up link
+    (one side of a stage boundary; :func:`~tangram_opt.planner.pipeline_model.boundary_time_s`
+    combines both sides and the path).
     """
 
     island: int
@@ -37,6 +41,8 @@ class Candidate:
     embedding: LayerCost
     head: LayerCost
     capacity_bytes: float
+    p2p_nic_s: float
+    p2p_scale_up_s: float
     label: str = ""
     #: the largest transient of one layer (scratch of the layer being computed): read on every
     #: memory check, so computed once
@@ -78,6 +84,22 @@ class Candidate:
                 c = self.layer[kind]
                 total += n * (c.static_bytes + c.activation_bytes * inflight)
         return total
+
+
+def price_candidate(cost: CostModel, island: Island, cfg: StageConfig, kinds: Sequence[str]) -> Candidate:
+    """The candidate row of ``cfg`` on ``island``: every cost the formulation reads, priced once."""
+    node = island.node
+    return Candidate(island=island.index, config=cfg, layer={k: cost.layer(node, cfg, k) for k in kinds},  # type: ignore[misc]
+                     embedding=cost.embedding(node, cfg), head=cost.head(node, cfg),
+                     capacity_bytes=cost.usable_memory_bytes(node),
+                     p2p_nic_s=cost.p2p_side_time_s(node, cfg, intra_node=False),
+                     p2p_scale_up_s=cost.p2p_side_time_s(node, cfg, intra_node=True),
+                     label=f"{island.name}:{cfg.label}")
+
+
+def sends_no_slower(a: Candidate, b: Candidate) -> bool:
+    """Whether ``a``'s side of any stage boundary is at most as slow as ``b``'s."""
+    return a.p2p_nic_s <= b.p2p_nic_s and a.p2p_scale_up_s <= b.p2p_scale_up_s
 
 
 class CandidateProvider(Protocol):
@@ -155,17 +177,13 @@ class AnalyticalCandidates:
             return self._cache[key]
         st = PruningStats()
         kinds = [k for k in LAYER_KINDS if self.model.layers_of_kind(k)]
-        cap = self.cost.usable_memory_bytes(island.node)
         rows: list[Candidate] = []
         for cfg in self.configs(island, pipeline_micro_batch):
             st.enumerated += 1
             if self.cost.check_config(island.node, cfg):
                 st.invalid += 1
                 continue
-            cand = Candidate(island=island.index, config=cfg,
-                             layer={k: self.cost.layer(island.node, cfg, k) for k in kinds},
-                             embedding=self.cost.embedding(island.node, cfg), head=self.cost.head(island.node, cfg),
-                             capacity_bytes=cap, label=f"{island.name}:{cfg.label}")
+            cand = price_candidate(self.cost, island, cfg, kinds)
             # memory pre-filter: must hold one layer of some kind in the most favourable position
             if all(cand.max_layers(k, 1, first=False, last=False) < 1 for k in kinds):
                 st.no_fit += 1
@@ -212,7 +230,7 @@ def coefficient_matrix(rows: Sequence[Candidate], kinds: Sequence[str], *, sched
         for lc in (c.embedding, c.head):
             v += [lc.static_bytes, lc.activation_bytes, lc.transient_bytes, lc.step_tail_time_s]
             v += [lc.fwd_time_s, lc.bwd_time_s] if schedule == "gpipe" else [lc.time_s, -lc.bwd_time_s]
-        v.append(-c.capacity_bytes)
+        v += [-c.capacity_bytes, c.p2p_nic_s, c.p2p_scale_up_s]
         vecs.append(v)
     return np.array(vecs, dtype=float).reshape(len(rows), -1)
 

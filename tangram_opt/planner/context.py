@@ -1,4 +1,4 @@
-"""Everything derived once per planning call: islands, cost model, candidate tables, p2p times."""
+"""Everything derived once per planning call: islands, cost model, candidate tables, p2p paths."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tangram_opt.errors import SpecError
 from tangram_opt.planner.candidates import AnalyticalCandidates, Candidate, CandidateProvider
 from tangram_opt.planner.formulation import PipelineProblem
 from tangram_opt.planner.islands import Island, find_islands, island_link
+from tangram_opt.planner.pipeline_model import BoundaryLink
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import LAYER_KINDS, ModelSpec
@@ -70,17 +71,19 @@ class PlanningContext:
             self._cands[b] = rows
         return self._cands[b]
 
-    def p2p_table(self, b: int) -> dict[tuple[int, int], float]:
+    def links(self, b: int) -> dict[tuple[int, int], BoundaryLink]:
+        """The p2p path between every ordered pair of islands, priced for pipeline micro-batch ``b``."""
         out = {}
         for a in self.islands:
             for c in self.islands:
-                bw, lat = island_link(self.cluster, a, c)
-                out[a.index, c.index] = self.cost.p2p_time_s(b, bw, lat)  # type: ignore[union-attr]
+                lk = island_link(self.cluster, a, c)
+                out[a.index, c.index] = BoundaryLink(latency_s=lk.latency_s, scale_up=lk.intra_node,
+                                                     shared_s=self.cost.p2p_shared_time_s(b, lk))  # type: ignore[union-attr]
         return out
 
     def problem(self, b: int, *, max_stages: int | None = None, min_stages: int = 1) -> PipelineProblem:
         return PipelineProblem(candidates=self.candidates(b), kinds=self.kinds, layers=self.layers,
-                               island_gpus={i.index: i.num_gpus for i in self.islands}, p2p_s=self.p2p_table(b),
+                               island_gpus={i.index: i.num_gpus for i in self.islands}, links=self.links(b),
                                num_micro_batches=self.training.global_batch_size // b, pipeline_micro_batch=b,
                                max_stages=max_stages or self.max_stages, min_stages=min_stages,
                                schedule=self.space.schedule)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from tangram_opt import units as u
 from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.pipeline_model import BoundaryLink, boundary_time_s
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
 MEM_UNIT_BYTES = u.MiB
@@ -35,22 +36,76 @@ MEM_UNIT_BYTES = u.MiB
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineProblem:
-    """Everything the formulation sees: numbers only (no cost model)."""
+    """Everything the formulation sees: numbers only (no cost model).
+
+    A stage boundary's p2p time depends on both stages' candidates and on the path between their
+    islands (:func:`~tangram_opt.planner.pipeline_model.boundary_time_s`): ``boundary_s`` gives it
+    exactly; the models bound it linearly with the per-candidate side times and the island-pair
+    tables ``link_lo_s`` / ``link_hi_s`` (the fastest / slowest boundary any two candidates of
+    the two islands can have, formulations/pipeline_mip.md §1).
+    """
 
     candidates: Sequence[Candidate]
     kinds: tuple[str, ...]  # layer kinds in model order (dense first)
     layers: dict[str, int]  # kind -> number of layers
     island_gpus: dict[int, int]  # island index -> GPUs available
-    p2p_s: dict[tuple[int, int], float]  # (src island, dst island) -> seconds per micro-batch
+    links: dict[tuple[int, int], BoundaryLink]  # (src island, dst island) -> path of the p2p traffic
     num_micro_batches: int  # m
     pipeline_micro_batch: int  # b
     max_stages: int
     min_stages: int = 1
     schedule: str = "1f1b"
+    link_lo_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    link_hi_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
+    _path_kinds: dict[int, tuple[bool, ...]] = field(init=False, repr=False, compare=False)
+    _latency_lo: dict[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lo_side: dict[tuple[int, bool], float] = {}
+        hi_side: dict[tuple[int, bool], float] = {}
+        for c in self.candidates:
+            for scale_up, t in ((False, c.p2p_nic_s), (True, c.p2p_scale_up_s)):
+                key = (c.island, scale_up)
+                lo_side[key] = min(t, lo_side.get(key, math.inf))
+                hi_side[key] = max(t, hi_side.get(key, 0.0))
+        lo, hi = {}, {}
+        for (i, j), lk in self.links.items():
+            k_i, k_j = (i, lk.scale_up), (j, lk.scale_up)
+            lo[i, j] = lk.latency_s + max(lo_side.get(k_i, 0.0), lo_side.get(k_j, 0.0), lk.shared_s)
+            hi[i, j] = lk.latency_s + max(hi_side.get(k_i, 0.0), hi_side.get(k_j, 0.0), lk.shared_s)
+        object.__setattr__(self, "link_lo_s", lo)
+        object.__setattr__(self, "link_hi_s", hi)
+        kinds: dict[int, set[bool]] = {}
+        lat: dict[int, float] = {}
+        for (i, j), lk in self.links.items():
+            for end in (i, j):
+                kinds.setdefault(end, set()).add(lk.scale_up)
+                lat[end] = min(lk.latency_s, lat.get(end, math.inf))
+        object.__setattr__(self, "_path_kinds", {i: tuple(sorted(k)) for i, k in kinds.items()})
+        object.__setattr__(self, "_latency_lo", lat)
 
     @property
     def total_layers(self) -> int:
         return sum(self.layers.values())
+
+    def boundary_s(self, src: Candidate, dst: Candidate) -> float:
+        """Exact p2p time from a stage of candidate ``src`` to the next, of candidate ``dst``."""
+        return boundary_time_s(self.links[src.island, dst.island], src, dst)
+
+    def boundaries_s(self, stages: Sequence[StageChoice]) -> list[float]:
+        """Exact p2p time of every boundary of ``stages`` (pipeline order)."""
+        cands = self.candidates
+        return [self.boundary_s(cands[a.candidate], cands[b.candidate]) for a, b in zip(stages, stages[1:])]
+
+    def side_bounds_s(self, cand: Candidate) -> tuple[float, float]:
+        """(smallest, largest) side time ``cand`` can have on any path from or to its island."""
+        sides = [cand.p2p_scale_up_s if up else cand.p2p_nic_s for up in self._path_kinds.get(cand.island, ())]
+        return min(sides, default=0.0), max(sides, default=0.0)
+
+    def latency_lo_s(self, island: int) -> float:
+        """The smallest latency of any path from or to ``island``."""
+        return self._latency_lo.get(island, 0.0)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -208,20 +263,18 @@ class PositionalMIP:
         Bc = {r: stage_expr(r, "bwd", ce) for r in range(R)}
         tail = {r: stage_expr(r, "tail", fl) for r in range(R)}
 
-        # p2p between position r (sender in the forward direction) and r - 1
+        # p2p between position r (sender in the forward direction) and r - 1: at least the pair's
+        # fastest link, and at least the path's latency plus either side's time (the receiver's only
+        # when the boundary exists, act[r]). The step tail's upstream time counts the same variable
+        # plus one tick (its rounding down): the objective prices it twice, so raising it never pays
         comm_fl: dict[int, LinExpr] = {}
         comm_ce: dict[int, LinExpr] = {}
         isl_of = {ci: cands[ci].island for ci in range(len(cands))}
         X = {(r, i): lsum(self.x[r, ci] for ci in by_r[r] if isl_of[ci] == i) for r in range(R) for i in islands}
-        pair_costs = {(i, j): p.p2p_s[i, j] for i in islands for j in islands}
-        uniform = len(set(pair_costs.values())) <= 1
+        side_lo = {ci: fl(p.side_bounds_s(cands[ci])[0]) for ci in {ci for (_, ci) in self.x}}
+        c_cap = ce(max(p.link_hi_s.values()))
         for r in range(1, R):
-            if uniform:
-                cst = next(iter(pair_costs.values()))
-                comm_fl[r] = act[r] * fl(cst)
-                comm_ce[r] = act[r] * ce(cst)
-                continue
-            ef, ec = LinExpr(), LinExpr()
+            lo, lat = LinExpr(), LinExpr()
             for i in islands:
                 for j in islands:
                     zv = md.add_var(f"z[{r},{i},{j}]", 0, 1, integer=True)
@@ -229,9 +282,16 @@ class PositionalMIP:
                     md.add(zv >= X[r, i] + X[r - 1, j] - 1, f"zdef[{r},{i},{j}]")
                     md.add(zv <= X[r, i], f"zi[{r},{i},{j}]")
                     md.add(zv <= X[r - 1, j], f"zj[{r},{i},{j}]")
-                    ef.add_term(zv, fl(pair_costs[i, j]))
-                    ec.add_term(zv, ce(pair_costs[i, j]))
-            comm_fl[r], comm_ce[r] = ef, ec
+                    lo.add_term(zv, fl(p.link_lo_s[i, j]))
+                    lat.add_term(zv, fl(p.links[i, j].latency_s))
+            send = lsum(side_lo[ci] * self.x[r, ci] for ci in by_r[r])
+            recv = lsum(side_lo[ci] * self.x[r - 1, ci] for ci in by_r[r - 1])
+            recv_max = max((side_lo[ci] for ci in by_r[r - 1]), default=0)
+            cv = self.aux[f"c[{r}]"] = md.add_var(f"c[{r}]", 0, c_cap, integer=True)
+            md.add(cv >= lo, f"c_pair[{r}]")
+            md.add(cv >= lat + send, f"c_send[{r}]")
+            md.add(cv >= lat + recv - recv_max * (1 - act[r]), f"c_recv[{r}]")
+            comm_fl[r], comm_ce[r] = LinExpr.of(cv), cv + act[r]
 
         big_t = 2**40
         if gpipe:
@@ -340,22 +400,25 @@ class PositionalMIP:
                 dense_up = sum(st.layers.get(dk, 0) for k, st in enumerate(stages) if P - 1 - k >= r)
                 vals[uv] = 1.0 if dense_up >= self.problem.layers[dk] else 0.0
                 x_of[uv.index] = vals[uv]
-        # auxiliary maxima: smallest values satisfying their constraints
-        for name in ("Cmax", "Tmax", "Fmax", "Bmax", "Smax", "Y"):
-            if name in self.aux:
-                var = self.aux[name]
-                lo = 0.0
-                for con in self.model.constraints:
-                    a = con.coefs.get(var.index, 0.0)
-                    if not a:
-                        continue
-                    rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
-                    if a > 0 and not math.isinf(con.lb):
-                        lo = max(lo, (con.lb - rest) / a)
-                    elif a < 0 and not math.isinf(con.ub):
-                        lo = max(lo, (con.ub - rest) / a)
-                vals[var] = float(math.ceil(lo - 1e-9))
-                x_of[var.index] = vals[var]
+        # auxiliary variables at the smallest values their rows allow (link times first: the
+        # maxima's rows read them)
+        names = [k for k in self.aux if k.startswith("c[")] + [
+            k for k in ("Cmax", "Tmax", "Fmax", "Bmax", "Smax", "Y") if k in self.aux]
+        for name in names:
+            var = self.aux[name]
+            link = name.startswith("c[")
+            lo = 0.0
+            for con in self.model.constraints:
+                a = con.coefs.get(var.index, 0.0)
+                if not a or (link and not con.name.startswith("c_")):
+                    continue  # a link time from its own rows only: the tail rows hold it as a credit
+                rest = sum(c * x_of.get(i, 0.0) for i, c in con.coefs.items() if i != var.index)
+                if a > 0 and not math.isinf(con.lb):
+                    lo = max(lo, (con.lb - rest) / a)
+                elif a < 0 and not math.isinf(con.ub):
+                    lo = max(lo, (con.ub - rest) / a)
+            vals[var] = float(math.ceil(lo - 1e-9))
+            x_of[var.index] = vals[var]
         return vals
 
 

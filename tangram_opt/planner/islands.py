@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tangram_opt import units as u
-from tangram_opt.cost import pipeline_link
+from tangram_opt.cost import PipelineLink, pipeline_link
 from tangram_opt.specs.cluster import Cluster, NodeSpec
 
 
@@ -60,11 +60,13 @@ def find_islands(cluster: Cluster) -> tuple[Island, ...]:
     return tuple(islands)
 
 
-def island_link(cluster: Cluster, a: Island, b: Island) -> tuple[float, float]:
-    """Bandwidth (bytes/s) and latency (s) of pipeline p2p traffic from a stage on ``a`` to one on ``b``.
+def island_link(cluster: Cluster, a: Island, b: Island) -> PipelineLink:
+    """The path of pipeline p2p traffic from a stage on ``a`` to one on ``b``.
 
-    Consecutive stages inside a single-node island talk over the scale-up link; otherwise over the
-    NICs (capped by the zone link when the islands are in different zones).
+    Consecutive stages inside a single-node island talk over the scale-up link; otherwise through
+    the NICs (capped by the zone link when the islands are in different zones). Two stages of a
+    larger island may share a node too; their traffic is still priced through the NICs
+    (conservative: where the stages sit inside the island is not part of the plan).
     """
     intra = a.index == b.index and a.num_nodes == 1
     zl = cluster.zone_link(a.zone, b.zone) if a.zone != b.zone else None
@@ -82,10 +84,12 @@ def islands_report(cluster: Cluster, islands: tuple[Island, ...] | None = None) 
             f"= {isl.num_gpus:>5} GPUs  zone {isl.zone:<10} {n.intra_node_link} "
             f"{n.intra_node_bw_bytes_per_s / u.GB_PER_S:.0f} GB/s/GPU, NIC {n.nic_bw_bytes_per_s / u.GBIT_PER_S:.0f} Gb/s/node")
     if len(islands) > 1:
-        lines.append("  pipeline links (bandwidth, latency):")
+        lines.append("  pipeline links (each GPU sends its share through its NIC; shared link, latency):")
         for a in islands:
             for b in islands:
                 if a.index < b.index:
-                    bw, lat = island_link(cluster, a, b)
-                    lines.append(f"    {a.name} <-> {b.name}: {bw / u.GB_PER_S:.1f} GB/s, {lat / u.US:.0f} us")
+                    lk = island_link(cluster, a, b)
+                    shared = "none" if lk.shared_bw_bytes_per_s == float("inf") else \
+                        f"{lk.shared_bw_bytes_per_s / u.GB_PER_S:.1f} GB/s"
+                    lines.append(f"    {a.name} <-> {b.name}: {shared}, {lk.latency_s / u.US:.0f} us")
     return "\n".join(lines)

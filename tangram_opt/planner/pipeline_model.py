@@ -37,6 +37,34 @@ from tangram_opt.planner.candidates import Candidate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BoundaryLink:
+    """The numbers of the pipeline path from one island to another (from
+    :class:`~tangram_opt.cost.comm.PipelineLink`, priced for one pipeline micro-batch size).
+
+    - ``latency_s``: one message's latency;
+    - ``shared_s``: seconds the whole micro-batch needs on a link both sides share (the zone link
+      between two zones; 0 inside a zone);
+    - ``scale_up``: both stages sit in one node, so each side sends at its candidate's
+      ``p2p_scale_up_s`` instead of ``p2p_nic_s``.
+    """
+
+    latency_s: float
+    shared_s: float = 0.0
+    scale_up: bool = False
+
+    def side_s(self, cand: Candidate) -> float:
+        """How long ``cand``'s GPUs need to move their shares of a micro-batch over this path."""
+        return cand.p2p_scale_up_s if self.scale_up else cand.p2p_nic_s
+
+
+def boundary_time_s(link: BoundaryLink, src: Candidate, dst: Candidate) -> float:
+    """Seconds to send one micro-batch's activations (or their gradients) from a stage of ``src`` to
+    the next stage, of ``dst``: the latency plus the slowest of the sending side, the receiving
+    side and the shared link (docs/cost_model.md §3.3)."""
+    return link.latency_s + max(link.side_s(src), link.side_s(dst), link.shared_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageTiming:
     fwd_s: float
     bwd_s: float

@@ -683,7 +683,7 @@ class _BranchAndBound:
         times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * KNAPSACK_PLAN_SPAN))]
         caps = times[::max(1, len(times) // KNAPSACK_PLAN_CAPS)]
         seen: set[tuple] = set()
-        p2p = sub.problem.p2p_s
+        p2p = sub.problem.link_lo_s
         islands = sorted(sub.problem.island_gpus)
         # separators: island j capped so that its stages may neighbour a stage at the full cap
         # across j's cheapest link to another island (T_a + T_b + 2 c <= 2 lam), so large stages elsewhere
@@ -824,7 +824,7 @@ class _BranchAndBound:
                 self.knapsack_plans(sub, sack, knap, hi)
         if self.windows and not math.isfinite(hi):  # no incumbent yet: the slowest stage type caps Tmax
             hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)  # type: ignore[union-attr]
-            hi = max(hi, max(sub.problem.p2p_s.values()), lo)
+            hi = max(hi, max(sub.problem.link_hi_s.values()), lo)
         node = self.evaluate(sub, lo, hi)
         if node is None:  # nothing in the root window beats the target
             sub.status = "no multi-stage plan better than incumbent" if math.isfinite(self.inc_s) else "infeasible"

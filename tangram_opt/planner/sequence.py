@@ -11,9 +11,14 @@ term of the closed form of pipeline_model.py is linear and exact:
 
 - memory: position ``k`` lists only types that fit with ``min(P - k, m)`` micro-batches in flight;
 - links: ``y[k, i, j]`` (stage ``k`` on island ``i``, stage ``k + 1`` on ``j``) with transport rows
-  between the island indicators of neighbouring positions;
+  between the island indicators of neighbouring positions; the link time ``c_k`` is at least the
+  path's latency plus either side's time and at least the fastest link of the island pair, which
+  at integer points is its exact value (latency + the slowest of both sides and the shared link);
 - the period: every block of fewer than ``m`` consecutive stages, ``len * lam >= sum T + 2 sum c``;
-- the step tail: ``Y >= tail_k - sum_{j<k} (B_j + c_j)`` at every position.
+- the step tail: ``Y >= tail_k - sum_{j<k} (B_j + c_j + 1 tick)`` at every position. The links
+  enter the upstream time with the same variables ``c_j`` the objective prices twice, so raising
+  one above its value never pays (it saves at most once what it costs twice) and the one tick
+  covers their rounding down.
 
 It is solved inside narrow period windows ``[lo, hi]`` of the search, where only a few hundred
 types survive the window and reduced-cost fixing, one model per stage count. Coefficients are
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tangram_opt.planner.aggregated import StageType
+from tangram_opt.planner.candidates import sends_no_slower
 from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
@@ -43,11 +49,12 @@ def position_types(problem: PipelineProblem, types: Sequence[StageType], need: i
     than ``hi``, Pareto-pruned per (island, layers).
 
     A type is dropped when another of the same island and layers uses no more GPUs and is no
-    worse in forward+backward time, forward time and step tail. Swapping it in keeps the plan
-    feasible (its tolerance already covers this position) and never lengthens the closed form:
-    no block gets longer, the sum of stage times drops by ``T_t - T_s``, and the backward can
-    shrink by at most that much (``F_s <= F_t``), which is all a downstream stage's exposed tail
-    can grow by. Tolerance beyond ``need`` buys nothing here, so unlike ``enumerate_types`` it is
+    worse in forward+backward time, forward time, step tail and either side of a stage boundary.
+    Swapping it in keeps the plan feasible (its tolerance already covers this position) and never
+    lengthens the closed form: no block gets longer, the sum of stage times drops by ``T_t - T_s``,
+    and the backward can shrink by at most that much (``F_s <= F_t``), which is all a downstream
+    stage's exposed tail can grow by (a link that gets shorter by d shortens the fill by 2 d and
+    exposes at most d). Tolerance beyond ``need`` buys nothing here, so unlike ``enumerate_types`` it is
     not a criterion."""
     cands = problem.candidates
     groups: dict[tuple, list[StageType]] = {}
@@ -61,7 +68,8 @@ def position_types(problem: PipelineProblem, types: Sequence[StageType], need: i
         for t in group:
             g = cands[t.candidate].gpus
             if not any(f.time_s <= t.time_s and f.fwd_s <= t.fwd_s and f.tail_s <= t.tail_s
-                       and cands[f.candidate].gpus <= g for f in front):
+                       and cands[f.candidate].gpus <= g and sends_no_slower(cands[f.candidate], cands[t.candidate])
+                       for f in front):
                 front.append(t)
         kept.extend(front)
     return kept
@@ -150,8 +158,16 @@ class SequenceMIP:
         def island_of(k: int, i: int) -> dict[int, float]:
             return {v.index: 1.0 for v, t in zip(self.x[k], self.at[k]) if cands[t.candidate].island == i}
 
-        c_lo: list[Var] = []  # link time rounded down (period, objective)
-        c_hi: list[Var] = []  # rounded up (upstream time of the step tail)
+        # side times of every type at each position, per kind of path (through the NICs, or over the
+        # scale-up link inside one node), rounded down
+        def sides(k: int, value) -> dict[int, float]:  # type: ignore[no-untyped-def]
+            return {v.index: float(value(cands[t.candidate])) for v, t in zip(self.x[k], self.at[k])}
+
+        side_kind = {up: [sides(k, lambda c, up=up: fl(c.p2p_scale_up_s if up else c.p2p_nic_s)) for k in range(P)]
+                     for up in (False, True)}
+        kinds_used = {lk.scale_up for lk in p.links.values()}
+        c_cap = ce(max(p.link_hi_s.values()))
+        c_lo: list[Var] = []  # link time, at least latency + the slowest of the sides and the shared link
         for k in range(P - 1):
             for i in islands:
                 for j in islands:
@@ -163,17 +179,28 @@ class SequenceMIP:
                 coefs = {self.y[k, j, i].index: 1.0 for j in islands}
                 coefs.update({ix: -1.0 for ix in island_of(k + 1, i)})
                 row(f"link_in[{k},{i}]", coefs, 0.0, 0.0)
-            for name, rnd, out in (("c", fl, c_lo), ("cup", ce, c_hi)):
-                coefs = {self.y[k, i, j].index: -float(rnd(p.p2p_s[i, j])) for i in islands for j in islands}
-                var = md.add_var(f"{name}[{k}]", 0, -min(coefs.values()), integer=self.integral)
-                coefs[var.index] = 1.0
-                row(f"{name}_def[{k}]", coefs, 0.0, 0.0)
-                out.append(var)
+            pairs = [(i, j) for i in islands for j in islands]
+            c = md.add_var(f"c[{k}]", 0, c_cap, integer=self.integral)
+            row(f"c_pair[{k}]", {c.index: 1.0, **{self.y[k, i, j].index: -float(fl(p.link_lo_s[i, j]))
+                                                  for i, j in pairs}}, 0.0, math.inf)
+            latency = {self.y[k, i, j].index: -float(fl(p.links[i, j].latency_s)) for i, j in pairs}
+            # c >= latency + the sender's (receiver's) side on the kind of path the boundary takes:
+            # one row per kind, switched off on the pairs of the other kind by the side's largest value
+            for up in kinds_used:
+                for name, pos in (("c_send", k), ("c_recv", k + 1)):
+                    side = side_kind[up][pos]
+                    coefs = {c.index: 1.0, **latency, **{i: -a for i, a in side.items()}}
+                    off = max(side.values(), default=0.0)
+                    for i, j in pairs:
+                        if p.links[i, j].scale_up != up and off:
+                            coefs[self.y[k, i, j].index] += off
+                    row(f"{name}[{k},{'up' if up else 'nic'}]", coefs, 0.0, math.inf)
+            c_lo.append(c)
 
         # the period: every link, and every block of fewer than m consecutive stages
         # without a finite window the period is at most the slowest block of one stage or link
         hi_t = ce(self.upper_s) if math.isfinite(self.upper_s) else max(
-            [fl(t.time_s) for ts in self.at for t in ts] + [fl(c) for c in p.p2p_s.values()])
+            [fl(t.time_s) for ts in self.at for t in ts] + [c_cap])
         lam = self.aux["lam"] = md.add_var("lam", min(fl(self.lower_s), hi_t), hi_t, integer=self.integral)
         lo_t = self.model.vars[lam.index].lb
         for k in range(P):
@@ -193,10 +220,15 @@ class SequenceMIP:
         # spreading heavy types over neighbouring positions a fraction at a time). Blocks of two
         # stages bound the period only when m > 2 micro-batches circulate.
         if math.isfinite(self.upper_s) and m > 2:
-            cpair = {(i, j): min(p.p2p_s[i, j], p.p2p_s[j, i]) for i in islands for j in islands}
+            cpair = {(i, j): min(p.link_lo_s[i, j], p.link_lo_s[j, i]) for i in islands for j in islands}
             cmin = {i: min(cpair[i, j] for j in islands) for i in islands}
+
+            def link_floor(t: StageType) -> float:  # every link of a stage of type t takes at least this
+                c = cands[t.candidate]
+                return max(cmin[c.island], p.latency_lo_s(c.island) + p.side_bounds_s(c)[0])
+
             heavy = [{v.index for v, t in zip(self.x[k], self.at[k])
-                      if t.time_s + cmin[cands[t.candidate].island] > self.upper_s * (1 + 1e-9)} for k in range(P)]
+                      if t.time_s + link_floor(t) > self.upper_s * (1 + 1e-9)} for k in range(P)]
             for k in range(P - 1):
                 if heavy[k] and heavy[k + 1]:
                     row(f"clique[{k}]", {i: 1.0 for i in heavy[k] | heavy[k + 1]}, -math.inf, 1.0)
@@ -219,8 +251,8 @@ class SequenceMIP:
             coefs[Y.index] = 1.0
             for j in range(k):
                 coefs[B[j].index] = 1.0
-                coefs[c_hi[j].index] = 1.0
-            row(f"tail[{k}]", coefs, 0.0, math.inf)
+                coefs[c_lo[j].index] = 1.0
+            row(f"tail[{k}]", coefs, -float(k), math.inf)  # + 1 tick per upstream link
 
         obj: dict[int, float] = {lam.index: float(m - 1), Y.index: 1.0}
         for var in T:
@@ -231,7 +263,6 @@ class SequenceMIP:
         self.aux.update({f"T[{k}]": v for k, v in enumerate(T)})
         self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
         self.aux.update({f"c[{k}]": v for k, v in enumerate(c_lo)})
-        self.aux.update({f"cup[{k}]": v for k, v in enumerate(c_hi)})
         return self
 
     # --- solutions -----------------------------------------------------------------------
@@ -265,15 +296,13 @@ class SequenceMIP:
             chosen.append(self.at[k][j])
         isl = [cands[t.candidate].island for t in chosen]
         T = [fl(t.time_s) for t in chosen]
-        c = [fl(p.p2p_s[isl[k], isl[k + 1]]) for k in range(self.stages - 1)]
-        cup = [ce(p.p2p_s[isl[k], isl[k + 1]]) for k in range(self.stages - 1)]
+        c = [fl(p.boundary_s(cands[a.candidate], cands[b.candidate])) for a, b in zip(chosen, chosen[1:])]
         for k in range(self.stages):
             vals[self.aux[f"T[{k}]"]] = float(T[k])
             vals[self.aux[f"B[{k}]"]] = float(ce(chosen[k].bwd_s))
         for k in range(self.stages - 1):
             vals[self.y[k, isl[k], isl[k + 1]]] = 1.0
             vals[self.aux[f"c[{k}]"]] = float(c[k])
-            vals[self.aux[f"cup[{k}]"]] = float(cup[k])
         lam = max([self.model.vars[self.aux["lam"].index].lb, *c] + [
             math.ceil((sum(T[a:b + 1]) + 2 * sum(c[a:b])) / (b - a + 1) - 1e-9)
             for a in range(self.stages) for b in range(a, min(self.stages, a + m - 1))])
@@ -282,7 +311,7 @@ class SequenceMIP:
         upstream, y = 0, 0
         for k, t in enumerate(chosen):
             y = max(y, fl(t.tail_s) - upstream)
-            upstream += ce(t.bwd_s) + (cup[k] if k < self.stages - 1 else 0)
+            upstream += ce(t.bwd_s) + (c[k] + 1 if k < self.stages - 1 else 0)
         vals[self.aux["lam"]] = float(lam)
         vals[self.aux["Y"]] = float(y)
         return vals

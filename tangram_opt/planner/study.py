@@ -280,7 +280,7 @@ def _root_model_row(prob: Any, schedule: str, cfg: Mapping[str, Any], quick_s: f
                 hi = cutoff / m
             else:
                 hi = max((t.time_s for ts in types.values() for t in ts), default=lo)
-                hi = max(hi, max(prob.p2p_s.values()), lo)
+                hi = max(hi, max(prob.link_hi_s.values()), lo)
         if cfg["knapsack"] and schedule == "1f1b":
             lo = max(lo, knapsack_bottleneck_s(prob, types))
             if not math.isfinite(lo) or lo > hi:

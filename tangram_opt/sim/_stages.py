@@ -105,12 +105,14 @@ def stage_tail_parts(cost: CostModel, island: Island, stage: StagePlan) -> tuple
 
 
 def p2p_times(cost: CostModel, cluster: Cluster, islands: dict[str, Island], pipe: PipelinePlan) -> list[float]:
-    """Seconds to send one micro-batch's activation (or its gradient) across each stage boundary,
-    on the link between the two stages' islands."""
+    """Seconds to send one micro-batch's activation (or its gradient) across each stage boundary:
+    each side's GPUs send their shares through their NICs (or the scale-up link inside one node),
+    over the path between the two stages' islands (:meth:`CostModel.p2p_time_s`)."""
     out = []
     for a, b in zip(pipe.stages, pipe.stages[1:]):
-        bw, lat = island_link(cluster, islands[a.island], islands[b.island])
-        out.append(cost.p2p_time_s(pipe.pipeline_micro_batch, bw, lat))
+        src, dst = islands[a.island], islands[b.island]
+        link = island_link(cluster, src, dst)
+        out.append(cost.p2p_time_s((src.node, stage_config(a)), (dst.node, stage_config(b)), link))
     return out
 
 

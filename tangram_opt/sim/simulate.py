@@ -14,7 +14,8 @@ Model of one pipeline (Narayanan et al., SC'21, Sec. 2.2 for 1F1B; Huang et al. 
   GPipe: all forwards, then all backwards (in micro-batch order).
 - After ``F(k, j)`` the activation is sent ``k -> k+1``; after ``B(k+1, j)`` its gradient is sent
   ``k+1 -> k``. Each direction of each stage boundary is a FIFO channel (full duplex: the two
-  directions are independent) whose transfer takes ``cost.p2p_time_s(b, *island_link(...))``.
+  directions are independent) whose transfer takes ``cost.p2p_time_s(src, dst, island_link(...))``
+  (each side's GPUs send their shares at once; the slowest side or a shared zone link sets it).
   Sends are asynchronous: they do not occupy the compute stream. A receiving op waits for arrival.
 - After a stage's last backward it runs its step tail (exposed gradient sync + optimizer update).
   A pipeline's step ends when every stage has finished its tail.
