@@ -8,7 +8,7 @@ from tangram_opt import units as u
 from tangram_opt.cost import CostModel, StageConfig
 from tangram_opt.cost.flops import LayerParams, layer_params
 from tangram_opt.cost.memory import ActivationShape, activation_bytes, korthikanti_bytes, model_state_bytes
-from tangram_opt.specs import ModelSpec, MoESpec, NodeSpec, TrainingSpec, get_gpu_type
+from tangram_opt.specs import ModelSpec, MoESpec, NodeSpec, TrainingSpec, get_gpu_type, load_model
 
 
 def gpt(h: int = 1024, heads: int = 16, layers: int = 4, vocab: int = 51200) -> ModelSpec:
@@ -95,7 +95,8 @@ def test_activations_match_korthikanti_table2(tp, sp, recompute):
     """s b h (10 + 24/t + 5as/(ht)), s b h/t (34 + 5as/h), 34 s b h / t, 2 s b h (Korthikanti et al. 2022)."""
     s, b, h, a = 2048, 2, 6144, 64
     m = gpt(h, a)
-    sh = ActivationShape(seq=s, seq_kv=s, batch=b, tp=tp, sp=sp, elt_bytes=2, flash=False, dropout=True)
+    sh = ActivationShape(seq=s, seq_kv=s, batch=b, tp=tp, sp=sp, elt_bytes=2,
+                         flash=False, attention_dropout=True, hidden_dropout=True)
     got = activation_bytes(m, "dense", sh, recompute)
     assert got == pytest.approx(korthikanti_bytes(s, b, h, a, tp, sp=sp, recompute=recompute), rel=1e-12)
 
@@ -113,8 +114,10 @@ def test_cost_model_activation_bytes_use_the_formulas():
 def test_flash_attention_keeps_no_score_matrix():
     s, b, h, a = 4096, 1, 4096, 32
     m = gpt(h, a)
-    flash = ActivationShape(seq=s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2, flash=True, dropout=True)
-    eager = ActivationShape(seq=s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2, flash=False, dropout=True)
+    flash = ActivationShape(seq=s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2,
+                            flash=True, attention_dropout=True, hidden_dropout=True)
+    eager = ActivationShape(seq=s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2,
+                            flash=False, attention_dropout=True, hidden_dropout=True)
     sel = activation_bytes(m, "dense", eager, "selective")
     assert activation_bytes(m, "dense", flash, "none") == pytest.approx(sel + 4.0 * b * a * s)  # + fp32 log-sum-exp
     assert activation_bytes(m, "dense", eager, "none") - sel == pytest.approx(5 * a * s * s * b)
@@ -122,16 +125,20 @@ def test_flash_attention_keeps_no_score_matrix():
 
 def test_context_parallel_divides_activations():
     m = gpt(4096, 32)
-    base = ActivationShape(seq=8192, seq_kv=8192, batch=1, tp=2, sp=True, elt_bytes=2, flash=True, dropout=False)
-    cp4 = ActivationShape(seq=8192 / 4, seq_kv=8192, batch=1, tp=2, sp=True, elt_bytes=2, flash=True, dropout=False)
+    base = ActivationShape(seq=8192, seq_kv=8192, batch=1, tp=2, sp=True, elt_bytes=2,
+                           flash=True, attention_dropout=False, hidden_dropout=False)
+    cp4 = ActivationShape(seq=8192 / 4, seq_kv=8192, batch=1, tp=2, sp=True, elt_bytes=2,
+                          flash=True, attention_dropout=False, hidden_dropout=False)
     for rc in ("none", "selective", "full"):
         assert activation_bytes(m, "dense", cp4, rc) == pytest.approx(activation_bytes(m, "dense", base, rc) / 4)
 
 
 def test_fp32_activations_double_16_bit_without_masks():
     m = gpt(1024, 16)
-    a16 = ActivationShape(seq=2048, seq_kv=2048, batch=1, tp=1, sp=False, elt_bytes=2, flash=False, dropout=False)
-    a32 = ActivationShape(seq=2048, seq_kv=2048, batch=1, tp=1, sp=False, elt_bytes=4, flash=False, dropout=False)
+    a16 = ActivationShape(seq=2048, seq_kv=2048, batch=1, tp=1, sp=False, elt_bytes=2,
+                          flash=False, attention_dropout=False, hidden_dropout=False)
+    a32 = ActivationShape(seq=2048, seq_kv=2048, batch=1, tp=1, sp=False, elt_bytes=4,
+                          flash=False, attention_dropout=False, hidden_dropout=False)
     assert activation_bytes(m, "dense", a32, "none") == pytest.approx(2 * activation_bytes(m, "dense", a16, "none"))
 
 
@@ -143,3 +150,39 @@ def test_head_logits_are_transient_and_usable_memory_keeps_a_reserve():
     head = cm.head(node, StageConfig(tp=2, micro_batch_size=2))
     assert head.transient_bytes == pytest.approx(2 * 2048 * 50304 / 2 * (2 + 8))
     assert 0 < cm.usable_memory_bytes(node) < node.gpu.hbm_bytes
+
+
+def test_dropout_memory_follows_the_model_opt_350m_on_v100():
+    """OPT-350M trains with dropout 0.1 on the residual path and none on the attention probabilities
+    (its config.json: attention_dropout 0.0): no score-sized mask or copy. V100 tp4, micro-batch 4,
+    fp32, eager attention: Sailor's llm_info.json (shared/reference/profiles/sailor) records 104.5 MiB
+    of activations per layer at tp 4 and micro-batch 1, 418 MiB at 4; with both kinds of dropout the
+    layer would hold 708 MiB."""
+    m = load_model("opt-350m")
+    assert (m.attention_dropout, m.hidden_dropout) == (0.0, 0.1)
+    t = TrainingSpec(global_batch_size=1024, seq_len=2048, precision="fp32")
+    v100 = NodeSpec(gpu=get_gpu_type("V100-16"), gpus_per_node=4, intra_node_link="nvlink2",
+                    intra_node_bw_bytes_per_s=150 * u.GB_PER_S, intra_node_latency_s=3 * u.US,
+                    nic_bw_bytes_per_s=32 * u.GBIT_PER_S)
+    cfg = StageConfig(tp=4, dp=16, micro_batch_size=4)
+    own = CostModel(m, t).layer(v100, cfg, "dense").activation_bytes
+    both = CostModel(m, t, dropout=True).layer(v100, cfg, "dense").activation_bytes
+    none = CostModel(m, t, dropout=False).layer(v100, cfg, "dense").activation_bytes
+    assert both / u.MiB == pytest.approx(708, abs=1)
+    assert none < own < both
+    assert own / u.MiB == pytest.approx(418, rel=0.10)
+    # the residual masks are one byte per element of the (sequence-parallel) hidden state, two per layer
+    assert own - none == pytest.approx(2 * 4 * 2048 * 1024 / 4)
+
+
+def test_no_dropout_llama_keeps_no_masks():
+    m = load_model("llama-3-8b")
+    assert (m.attention_dropout, m.hidden_dropout) == (0.0, 0.0)
+    t = TrainingSpec(global_batch_size=8, seq_len=4096)
+    cfg = StageConfig(tp=2, dp=1, micro_batch_size=1)
+    n = NodeSpec(gpu=get_gpu_type("H100-SXM"), gpus_per_node=8, intra_node_link="nvlink4",
+                 intra_node_bw_bytes_per_s=450 * u.GB_PER_S, intra_node_latency_s=3 * u.US,
+                 nic_bw_bytes_per_s=3200 * u.GBIT_PER_S)
+    assert CostModel(m, t).layer(n, cfg, "dense") == CostModel(m, t, dropout=False).layer(n, cfg, "dense")
+    assert CostModel(m, t, dropout=True).layer(n, cfg, "dense").activation_bytes > \
+        CostModel(m, t).layer(n, cfg, "dense").activation_bytes

@@ -70,7 +70,7 @@ def test_gemm_flops_of_a_block_are_24_b_s_h2_forward():
     h, s, b = 4096, 2048, 2
     m = gpt(h, 32, 2)
     sh = LayerShape(tokens=b * s, seq_kv=s, batch=b, tp=1, sp=False, elt_bytes=2)
-    fwd, bwd = block_ops(m, "dense", sh, kernel="fused-softmax", dropout=True)
+    fwd, bwd = block_ops(m, "dense", sh, kernel="fused-softmax", attention_dropout=True, hidden_dropout=True)
     gemm = sum(op.flops for op in fwd if op.unit == "gemm" and not op.name.startswith("attn"))
     attn = sum(op.flops for op in fwd if op.unit == "gemm" and op.name.startswith("attn"))
     assert gemm == pytest.approx(24 * b * s * h * h)
@@ -82,7 +82,7 @@ def test_flash_attention_skips_the_masked_half_and_recomputes_in_backward():
     h, s = 4096, 8192
     m = gpt(h, 32, 2)
     sh = LayerShape(tokens=s, seq_kv=s, batch=1, tp=1, sp=False, elt_bytes=2)
-    fwd, bwd = block_ops(m, "dense", sh, kernel="flash", dropout=False)
+    fwd, bwd = block_ops(m, "dense", sh, kernel="flash", attention_dropout=False, hidden_dropout=False)
     f = next(op for op in fwd if op.name == "attn.flash")
     b = next(op for op in bwd if op.name == "attn.flash.bwd")
     assert f.flops == pytest.approx(0.5 * 4 * s * s * h)

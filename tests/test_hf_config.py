@@ -242,3 +242,30 @@ def test_file_errors(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(FormatError, match="holds a JSON list, not an object"):
         model_from_hf_config(tmp_path / "list.json")
+
+
+# --- dropout ---------------------------------------------------------------------------------
+
+def test_dropout_probabilities_follow_each_architectures_field_names():
+    opt = model_from_hf_config(fixture("opt"))  # OPT-125M: dropout 0.1, attention_dropout 0.0
+    assert (opt.attention_dropout, opt.hidden_dropout) == (0.0, 0.1)
+    llama = model_from_hf_config(fixture("llama"))  # attention_dropout 0.0, no hidden dropout at all
+    assert (llama.attention_dropout, llama.hidden_dropout) == (0.0, 0.0)
+    neox = fixture("gpt_neox")
+    for k in ("attention_dropout", "hidden_dropout", "attention_probs_dropout_prob", "hidden_dropout_prob"):
+        neox.pop(k, None)
+    old = model_from_hf_config({**neox, "attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.2})
+    new = model_from_hf_config({**neox, "attention_dropout": 0.1, "hidden_dropout": 0.2})
+    assert (old.attention_dropout, old.hidden_dropout) == (new.attention_dropout, new.hidden_dropout) == (0.1, 0.2)
+    neo = model_from_hf_config({**fixture("gpt_neo"), "resid_dropout": 0.1, "embed_dropout": 0.1,
+                                "attention_dropout": 0.05})
+    assert (neo.attention_dropout, neo.hidden_dropout) == (0.05, 0.1)
+
+
+def test_dropout_that_is_not_modelled_or_out_of_range_is_refused():
+    with pytest.raises(SpecError, match="activation_dropout"):
+        model_from_hf_config({**fixture("opt"), "activation_dropout": 0.1})
+    with pytest.raises(SpecError, match="embed_dropout"):
+        model_from_hf_config({**fixture("gpt_neo"), "resid_dropout": 0.0, "embed_dropout": 0.1})
+    with pytest.raises(SpecError, match=r"attention_dropout.*\[0, 1\)"):
+        model_from_hf_config({**fixture("llama"), "attention_dropout": 1.5})

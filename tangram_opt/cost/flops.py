@@ -186,7 +186,8 @@ def _gemm_bwd(fwd: Op) -> Op:
 
 
 def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool) -> tuple[list[Op], list[Op]]:
-    """Forward and backward ops of scores + softmax + weighted sum for one layer on one GPU."""
+    """Forward and backward ops of scores + softmax + weighted sum for one layer on one GPU
+    (``dropout``: attention dropout on the probabilities)."""
     nh = m.num_attention_heads / sh.tp
     if m.mla is not None:
         dqk, dv = float(m.mla.qk_head_dim), float(m.mla.v_head_dim)
@@ -219,9 +220,13 @@ def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool)
     return fwd, bwd
 
 
-def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, dropout: bool,
+def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention_dropout: bool, hidden_dropout: bool,
               tokens_per_expert_rank: float = 0.0) -> tuple[list[Op], list[Op]]:
     """Forward and backward ops of one transformer block on one GPU (no communication).
+
+    ``attention_dropout``: dropout on the attention probabilities (materialized attention keeps a
+    mask; FlashAttention regenerates it from the RNG state); ``hidden_dropout``: dropout on the
+    attention and MLP outputs before each residual add.
 
     ``tokens_per_expert_rank`` is, for MoE layers, the token-expert assignments this GPU's experts
     process (``tokens * top_k * imbalance``; see :class:`tangram_opt.cost.model.CostModel`).
@@ -250,11 +255,11 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, dropout: 
         rope_elems = t * (nh + nkv) * d / tp
     if m.position_embedding == "rope":
         fwd.append(Op("rope", 0.0, 2.0 * e * rope_elems, "memory"))
-    core_fwd, core_bwd = attention_core_ops(m, sh, kernel, dropout)
+    core_fwd, core_bwd = attention_core_ops(m, sh, kernel, attention_dropout)
     fwd.extend(core_fwd)
     # --- norms and residual adds (replicated across TP unless sequence parallel) ---------------
     norm_bytes = 2.0 * e * t_sp * h  # read x, write y (statistics are negligible)
-    res_bytes = 3.0 * e * t_sp * h + (t_sp * h if dropout else 0.0)  # read x and residual, write, mask
+    res_bytes = 3.0 * e * t_sp * h + (t_sp * h if hidden_dropout else 0.0)  # read x and residual, write, mask
     fwd += [Op("norm1", 0.0, norm_bytes, "memory"), Op("norm2", 0.0, norm_bytes, "memory"),
             Op("residual1", 0.0, res_bytes, "memory"), Op("residual2", 0.0, res_bytes, "memory")]
     # --- MLP ------------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ class ActivationShape:
     sp: bool
     elt_bytes: float
     flash: bool  # fused attention kernel: no score matrix is kept
-    dropout: bool
+    attention_dropout: bool  # dropout on the attention probabilities (a mask per score)
+    hidden_dropout: bool  # dropout on the attention and MLP outputs (a mask per residual-path element)
 
 
 def activation_bytes(m: ModelSpec, kind: str, sh: ActivationShape, recompute: str, *,
@@ -88,7 +89,7 @@ def activation_bytes(m: ModelSpec, kind: str, sh: ActivationShape, recompute: st
     if recompute == "full":
         # only the layer input is checkpointed (Korthikanti Table 2: 2 s b h in 16-bit)
         return e * tokens * h * rep
-    mask = MASK_BYTES if sh.dropout else 0.0
+    mask = MASK_BYTES if sh.hidden_dropout else 0.0
     nh = m.num_attention_heads
     if m.mla is not None:
         a = m.mla
@@ -105,7 +106,7 @@ def activation_bytes(m: ModelSpec, kind: str, sh: ActivationShape, recompute: st
     if recompute == "none" and not sh.flash:
         # softmax output, dropout mask, dropout output: (2e + 1) a s^2 b / t per layer (5 a s^2 b in 16-bit)
         scores = sh.batch * nh * sh.seq * sh.seq_kv / t
-        total += scores * (e + (e + mask if sh.dropout else 0.0))
+        total += scores * (e + (e + MASK_BYTES if sh.attention_dropout else 0.0))
     elif sh.flash and recompute == "none":
         # FlashAttention keeps the output (counted as the projection input) and one fp32 log-sum-exp per row
         total += 4.0 * sh.batch * nh * sh.seq / t

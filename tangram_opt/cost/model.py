@@ -91,13 +91,15 @@ class CostModel:
       that replace the computed compute time on matching GPU types;
     - ``attention_kernel``: "auto" (flash in 16-bit, eager in fp32), "flash", "fused-softmax", "eager";
     - ``fp32_matmul``: "ieee" or "tf32", for ``precision="fp32"`` only;
-    - ``dropout``: whether the model trains with dropout (Korthikanti's formulas assume it; most
-      current LLMs, e.g. Llama, do not).
+    - ``dropout``: ``None`` (default) follows the model: attention dropout where
+      ``model.attention_dropout > 0``, residual-path (hidden) dropout where ``model.hidden_dropout > 0``
+      (most current LLMs, e.g. Llama, train with neither); ``True`` / ``False`` force both on or off
+      (Korthikanti's formulas assume both).
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, *, calibration: Calibration | None = None,
                  moe_load_imbalance: float | Callable[[int, int], float] = 1.0, profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None
-                 = None, attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool = True):
+                 = None, attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool | None = None):
         if not callable(moe_load_imbalance):
             _check_imbalance(moe_load_imbalance)
         if attention_kernel != "auto" and attention_kernel not in ATTENTION_KERNELS:
@@ -121,7 +123,11 @@ class CostModel:
             attention_kernel = "eager" if training.precision == "fp32" else "flash"
         self.attention_kernel = attention_kernel
         self.fp32_matmul = fp32_matmul
-        self.dropout = bool(dropout)
+        if dropout is not None and not isinstance(dropout, bool):
+            raise SpecError("dropout", dropout, "must be None, True or False",
+                            "leave it None to follow the model's attention_dropout / hidden_dropout")
+        self.attention_dropout = model.attention_dropout > 0 if dropout is None else dropout
+        self.hidden_dropout = model.hidden_dropout > 0 if dropout is None else dropout
         self._params = {k: flops.layer_params(model, k) for k in ("dense", "moe") if model.layers_of_kind(k)}
         self._cache: dict[tuple, LayerCost] = {}
 
@@ -307,7 +313,8 @@ class CostModel:
         act_shape = memory.ActivationShape(seq=sh.tokens / cfg.micro_batch_size, seq_kv=sh.seq_kv,
                                            batch=float(cfg.micro_batch_size), tp=cfg.tp, sp=sh.sp,
                                            elt_bytes=sh.elt_bytes, flash=self.attention_kernel == "flash",
-                                           dropout=self.dropout)
+                                           attention_dropout=self.attention_dropout,
+                                           hidden_dropout=self.hidden_dropout)
         act = self._memo(("act", kind, act_shape, cfg.recompute, expert_tokens), lambda: memory.activation_bytes(
             m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens))
         # Backward working set of one layer: the activations the backward materializes (recomputed
@@ -333,7 +340,8 @@ class CostModel:
     def _compute_times(self, kind: LayerKind, sh: LayerShape, expert_tokens: float,
                        rates: _Rates) -> tuple[float, float, float, float]:
         """(forward, backward, attention-core forward, attention-core backward) compute seconds."""
-        fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=self.attention_kernel, dropout=self.dropout,
+        fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=self.attention_kernel,
+                                           attention_dropout=self.attention_dropout, hidden_dropout=self.hidden_dropout,
                                            tokens_per_expert_rank=expert_tokens)
         core = [op for op in fwd_ops if op.name.startswith("attn.")]
         core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
@@ -390,7 +398,7 @@ class CostModel:
         t_sp = tokens / cfg.tp if sh.sp else tokens
         def compute() -> tuple[float, float]:
             if which == "embedding":
-                fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.dropout)
+                fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.hidden_dropout)
             else:
                 fwd_ops, bwd_ops = flops.head_ops(m, tokens, cfg.tp, sh.sp, e)
             return rates.time_s(fwd_ops), rates.time_s(bwd_ops)
@@ -431,7 +439,7 @@ class CostModel:
             exposed = grad_sync + param_gather
         opt = self._optimizer_time(node, cfg, local, 0.0, dense_dp, 1)
         if which == "embedding":
-            act = 8.0 * tokens + (t_sp * m.hidden_size * memory.MASK_BYTES if self.dropout else 0.0)
+            act = 8.0 * tokens + (t_sp * m.hidden_size * memory.MASK_BYTES if self.hidden_dropout else 0.0)
             transient = tokens * m.hidden_size * e  # gathered / reduced output buffer
             emb = getattr(m, "embed_dim", None) or m.hidden_size
             mf = 6.0 * tokens * emb * m.hidden_size / cfg.tp if emb != m.hidden_size else 0.0

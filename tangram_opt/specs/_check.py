@@ -49,6 +49,15 @@ def fraction(field: str, value: Any, *, source: str = "") -> float:
     return value
 
 
+def probability(field: str, value: Any, *, source: str = "") -> float:
+    """A dropout probability in [0, 1)."""
+    value = positive_float(field, value, source=source, allow_zero=True)
+    if value >= 1.0:
+        raise SpecError(field, value, "must be a probability in [0, 1)", "write e.g. 0.1, or 0.0 for no dropout",
+                        source=source)
+    return value
+
+
 def one_of(field: str, value: Any, allowed: Iterable[str], *, source: str = "") -> str:
     """A string among ``allowed`` (compared case-insensitively); returns the canonical spelling."""
     allowed = list(allowed)

@@ -93,6 +93,13 @@ class _Fields:
         value = self.data.get(key)
         return default if value is None else _check.fraction(key, value, source=self.source)
 
+    def probability(self, *keys: str) -> float:
+        """A dropout probability under the first of ``keys`` present (older configs use older names); 0.0 if none."""
+        for key in keys:
+            if self.data.get(key) is not None:
+                return _check.probability(key, self.data[key], source=self.source)
+        return 0.0
+
     def text(self, key: str, default: str) -> str:
         value = self.data.get(key)
         if value is None:
@@ -194,6 +201,7 @@ def _llama_like(f: _Fields, *, head_dim_default: int | None = None) -> dict[str,
         **_attention_heads(f, hidden, head_dim_default=head_dim_default),
         "tied_embeddings": f.flag("tie_word_embeddings", False),
         "mlp_type": "swiglu", "norm_type": "rmsnorm", "position_embedding": "rope",
+        "attention_dropout": f.probability("attention_dropout"),  # no hidden dropout in these models
     }
 
 
@@ -299,7 +307,7 @@ def _deepseek(f: _Fields, *, v3: bool) -> dict[str, Any]:
         "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": f.integer("intermediate_size"),
         "num_attention_heads": heads, "vocab_size": f.integer("vocab_size"),
         "tied_embeddings": f.flag("tie_word_embeddings", False), "mlp_type": "swiglu", "norm_type": "rmsnorm",
-        "position_embedding": "rope", "mla": mla,
+        "position_embedding": "rope", "mla": mla, "attention_dropout": f.probability("attention_dropout"),
     }
     experts = f.opt_int("n_routed_experts")
     if experts is None:
@@ -333,6 +341,11 @@ def _opt(f: _Fields) -> dict[str, Any]:
                             "remove the field (every released OPT model uses affine LayerNorms)")
     bias = f.flag("enable_bias", True)
     embed = f.integer("word_embed_proj_dim", hidden)
+    # OPTDecoderLayer: dropout (default 0.1) after self-attention and fc2, attention_dropout on the
+    # probabilities, activation_dropout after fc1's activation (0.0 in every released OPT model)
+    if f.probability("activation_dropout") > 0:
+        raise f.unsupported("activation_dropout", f.data["activation_dropout"], "dropout inside the MLP is not modelled",
+                            'set "activation_dropout": 0.0 (as in every released OPT model)')
     heads = _attention_heads(f, hidden, kv_key=None, read_head_dim=False)
     return {
         "num_layers": f.integer("num_hidden_layers"), "hidden_size": hidden, "ffn_hidden_size": f.integer("ffn_dim"),
@@ -341,6 +354,8 @@ def _opt(f: _Fields) -> dict[str, Any]:
         "position_embedding": "learned", "max_position_embeddings": f.integer("max_position_embeddings", 2048) + 2,
         "embedding_dim": embed if embed != hidden else None,
         "final_norm": f.flag("do_layer_norm_before", True) and not f.flag("_remove_final_layer_norm", False),
+        "attention_dropout": f.probability("attention_dropout"),
+        "hidden_dropout": 0.1 if f.data.get("dropout") is None else f.probability("dropout"),
     }
 
 
@@ -358,6 +373,9 @@ def _gpt_neox(f: _Fields) -> dict[str, Any]:
         "tied_embeddings": f.flag("tie_word_embeddings", False),
         "mlp_type": "gelu", "norm_type": "layernorm", "mlp_bias": True,
         "attention_bias": "all" if f.flag("attention_bias", True) else "none", "position_embedding": "rope",
+        # GPTNeoXConfig: attention_dropout / hidden_dropout (older files: *_prob), default 0.0
+        "attention_dropout": f.probability("attention_dropout", "attention_probs_dropout_prob"),
+        "hidden_dropout": f.probability("hidden_dropout", "hidden_dropout_prob"),
     }
 
 
@@ -368,6 +386,11 @@ def _gpt_neo(f: _Fields) -> dict[str, Any]:
     hidden = f.integer("hidden_size")
     layers = f.integer("num_layers")
     _check_attention_types(f, layers)
+    # GPTNeoConfig: attention_dropout, resid_dropout (after attention and MLP), embed_dropout
+    resid, embed = f.probability("resid_dropout"), f.probability("embed_dropout")
+    if embed != resid:
+        raise f.unsupported("embed_dropout", embed, f"an embedding dropout different from resid_dropout ({resid}) "
+                            "is not modelled", f'set "embed_dropout": {resid} (both are 0 in the released GPT-Neo models)')
     return {
         "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": f.integer("intermediate_size", 4 * hidden),
         "vocab_size": f.integer("vocab_size"),
@@ -375,6 +398,7 @@ def _gpt_neo(f: _Fields) -> dict[str, Any]:
         "tied_embeddings": f.flag("tie_word_embeddings", True), "mlp_type": "gelu", "norm_type": "layernorm",
         "mlp_bias": True, "attention_bias": "out", "position_embedding": "learned",
         "max_position_embeddings": f.integer("max_position_embeddings", 2048),
+        "attention_dropout": f.probability("attention_dropout"), "hidden_dropout": resid,
     }
 
 

@@ -111,6 +111,11 @@ class ModelSpec:
     # (hidden -> embedding) matrices without bias. None: same as hidden_size.
     embedding_dim: int | None = None
     final_norm: bool = True  # False for post-LN OPT (do_layer_norm_before: false), which has no final norm
+    # Dropout probabilities in training: on the attention probabilities, and on the attention and MLP
+    # outputs before each residual add (and on the embeddings). They change activation memory (a
+    # one-byte mask per element) and memory traffic, not parameters. Most current LLMs use neither.
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
     architecture: str = "custom"
     moe: MoESpec | None = None
     mla: MLASpec | None = None
@@ -124,6 +129,8 @@ class ModelSpec:
         _set_int(self, "", ("max_position_embeddings",), allow_zero=True)
         for fl in ("tied_embeddings", "mlp_bias", "qk_norm", "final_norm"):
             _check.boolean(fl, getattr(self, fl))
+        for fl in ("attention_dropout", "hidden_dropout"):
+            object.__setattr__(self, fl, _check.probability(fl, getattr(self, fl)))
         for fl, allowed in (("mlp_type", MLP_TYPES), ("norm_type", NORM_TYPES), ("attention_bias", ATTENTION_BIAS),
                             ("position_embedding", POSITION_EMBEDDINGS)):
             object.__setattr__(self, fl, _check.one_of(fl, getattr(self, fl), allowed))
