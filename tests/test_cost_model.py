@@ -357,3 +357,27 @@ def test_model_flops_of_embedding_layers_and_head_add_up_with_projections():
     per_mb = cfg.gpus * (m.num_layers * cm.layer(n, cfg, "dense").model_flops + cm.embedding(n, cfg).model_flops
                          + cm.head(n, cfg).model_flops)
     assert per_mb * t.global_batch_size / cfg.pipeline_micro_batch == pytest.approx(cm.model_flops_per_step())
+
+
+# --- calibration files -------------------------------------------------------------------------------
+def test_calibration_file_round_trip_and_errors_name_the_field(tmp_path):
+    from tangram_opt.cost.calibration import calibration_from_dict, load_calibration, save_calibration
+
+    cal = Calibration(kernel_overhead_s=6 * u.US).with_gpu("H100-SXM", matmul_efficiency=0.7)
+    path = save_calibration(cal, tmp_path / "cal.yaml", gpus=["H100-SXM"], header="fitted here")
+    back = load_calibration(path)
+    assert back.matmul("H100-SXM") == 0.7 and back.kernel_overhead_s == pytest.approx(6 * u.US)
+    assert back.matmul("A100-80") == cal.matmul("A100-80")
+    assert path.read_text().startswith("# fitted here")
+    # a file overrides only what it names; aliases resolve to catalog names
+    part = calibration_from_dict({"gpus": {"h100": {"attention_efficiency": 0.5}}})
+    assert part.attention("H100-SXM") == 0.5 and part.matmul("H100-SXM") == Calibration().matmul("H100-SXM")
+    bad = [({"gpus": {"H100-SXM": {"matmul_efficiency": -1}}}, "calibration.gpus.H100-SXM.matmul_efficiency"),
+           ({"gpus": {"X900": {"matmul_efficiency": 0.5}}}, "calibration.gpus.X900"),
+           ({"kernel_overhead_us": 5000}, "calibration.kernel_overhead_us"),
+           ({"gpus": {"H100-SXM": {"matmul": 0.5}}}, "matmul"),
+           ({"network_efficiency": "fast"}, "calibration.network_efficiency"),
+           ({"format": "other"}, "calibration.format")]
+    for data, field in bad:
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            calibration_from_dict(data)

@@ -24,10 +24,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
+
+import yaml
 
 from tangram_opt import units as u
 from tangram_opt.errors import SpecError
+from tangram_opt.specs import _check
+from tangram_opt.specs._io import load_structured_file
+from tangram_opt.specs.hardware import get_gpu_type
 
 
 def _frozen(d: Mapping[str, float]) -> Mapping[str, float]:
@@ -121,6 +128,108 @@ class Calibration:
 
 
 DEFAULT_CALIBRATION = Calibration()
+
+# --- calibration files ---------------------------------------------------------------------------
+CALIBRATION_FORMAT = "tangram_opt.calibration"
+CALIBRATION_VERSION = 1
+#: scalar fields as they are written in files (units in the key, converted here, once)
+_FILE_SCALARS: dict[str, tuple[str, float]] = {
+    "network_efficiency": ("network_efficiency", 1.0),
+    "kernel_overhead_us": ("kernel_overhead_s", u.US),
+    "memory_reserve_fraction": ("memory_reserve_fraction", 1.0),
+    "memory_reserve_gib": ("memory_reserve_bytes", u.GiB),
+}
+_FILE_FLAGS = ("overlap_grad_reduce",)
+
+
+def _table_fields() -> tuple[str, ...]:
+    """The per-GPU-type efficiency tables of :class:`Calibration` (mappings with a "*" entry)."""
+    return tuple(n for n in Calibration.__dataclass_fields__ if n.endswith("_efficiency") and n != "network_efficiency")
+
+
+def calibration_to_dict(cal: Calibration, *, gpus: Iterable[str] | None = None,
+                        sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The file form of ``cal``: scalars with their units in the key, and per GPU type its fractions
+    (``gpus`` limits which types are written; ``"*"`` is written as ``default``)."""
+    out: dict[str, Any] = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION}
+    for key, (name, scale) in _FILE_SCALARS.items():
+        out[key] = getattr(cal, name) / scale
+    for name in _FILE_FLAGS:
+        out[name] = getattr(cal, name)
+    tables = {name: getattr(cal, name) for name in _table_fields()}
+    names = sorted({g for t in tables.values() for g in t if g != "*"}) if gpus is None else list(gpus)
+    out["default"] = {name: float(t["*"]) for name, t in tables.items()}
+    out["gpus"] = {}
+    for g in names:
+        entry: dict[str, Any] = {name: float(t.get(g, t["*"])) for name, t in tables.items()}
+        if sources and g in sources:
+            entry["source"] = sources[g]
+        out["gpus"][g] = entry
+    return out
+
+
+def calibration_from_dict(data: Any, *, base: Calibration | None = None, source: str = "") -> Calibration:
+    """Build a :class:`Calibration` from its file form, on top of ``base`` (default: the shipped
+    defaults): fields a file leaves out keep the base's values. Every field is checked and named
+    in the error (``calibration.gpus.H100-SXM.matmul_efficiency``)."""
+    base = base or DEFAULT_CALIBRATION
+    _check.mapping("calibration", data, source=source)
+    tables = _table_fields()
+    allowed = ("format", "version", "default", "gpus", "source", *_FILE_SCALARS, *_FILE_FLAGS)
+    _check.no_unknown_keys("calibration", data, allowed, source=source)
+    if data.get("format", CALIBRATION_FORMAT) != CALIBRATION_FORMAT:
+        raise SpecError("calibration.format", data.get("format"), f"is not {CALIBRATION_FORMAT!r}",
+                        f"write format: {CALIBRATION_FORMAT} (or leave it out)", source=source)
+    if data.get("version", CALIBRATION_VERSION) != CALIBRATION_VERSION:
+        raise SpecError("calibration.version", data.get("version"), f"is not {CALIBRATION_VERSION}",
+                        "upgrade tangram_opt or rewrite the file with `tangram-opt calibrate`", source=source)
+    changes: dict[str, Any] = {}
+    for key, (name, scale) in _FILE_SCALARS.items():
+        if key in data:
+            changes[name] = _check.positive_float(f"calibration.{key}", data[key], source=source,
+                                                  allow_zero=True) * scale
+    for name in _FILE_FLAGS:
+        if name in data:
+            changes[name] = _check.boolean(f"calibration.{name}", data[name], source=source)
+    new_tables = {name: dict(getattr(base, name)) for name in tables}
+
+    def read_entry(path: str, entry: Any, key: str) -> None:
+        _check.mapping(path, entry, source=source)
+        _check.no_unknown_keys(path, entry, (*tables, "source"), source=source)
+        for name in tables:
+            if name in entry:
+                new_tables[name][key] = _check.positive_float(f"{path}.{name}", entry[name], source=source)
+
+    if "default" in data:
+        read_entry("calibration.default", data["default"], "*")
+    gpus = data.get("gpus") or {}
+    _check.mapping("calibration.gpus", gpus, source=source)
+    for name, entry in gpus.items():
+        gpu = get_gpu_type(str(name), field=f"calibration.gpus.{name}", source=source).name
+        read_entry(f"calibration.gpus.{name}", entry, gpu)
+    changes.update(new_tables)
+    try:
+        return replace(base, **changes)
+    except SpecError as e:  # range checks of Calibration itself, named as the file writes them
+        for key, (name, scale) in _FILE_SCALARS.items():
+            if e.field == f"calibration.{name}":
+                raise SpecError(f"calibration.{key}", e.value / scale, e.problem, e.fix, source=source) from None
+        raise SpecError(e.field, e.value, e.problem, e.fix, source=source) from None
+
+
+def load_calibration(path: str | Path, *, base: Calibration | None = None) -> Calibration:
+    """Read a calibration file (YAML or JSON, the form :func:`save_calibration` writes)."""
+    return calibration_from_dict(load_structured_file(path), base=base, source=str(path))
+
+
+def save_calibration(cal: Calibration, path: str | Path, *, gpus: Iterable[str] | None = None,
+                     sources: Mapping[str, str] | None = None, header: str = "") -> Path:
+    """Write ``cal`` as YAML (``gpus``: only these types' entries; the defaults are always written)."""
+    p = Path(path)
+    text = yaml.safe_dump(calibration_to_dict(cal, gpus=gpus, sources=sources), sort_keys=False)
+    lines = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    p.write_text(lines + text, encoding="utf-8")
+    return p
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
