@@ -80,8 +80,10 @@ def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():
 
 
 def _instance():
+    # two A100 generations: a V100 island (materialized attention) leaves the optimum on one island,
+    # found before any leaf MIP runs
     cluster = make_cluster("tiny", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=4, nic_gbps=200),
-                                    dict(name="v100", gpu="V100-16", nodes=1, gpus_per_node=4, nic_gbps=100)])
+                                    dict(name="a100b", gpu="A100-80", nodes=1, gpus_per_node=4, nic_gbps=100)])
     space = SearchSpace(max_stages=3, zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2))
     return cluster, load_model("llama-3-8b").with_layers(4), TrainingSpec(global_batch_size=8, seq_len=1024,
                                                                            precision="fp16"), space
@@ -105,7 +107,7 @@ def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkey
     assert sent, "no leaf went to a worker"
     assert both.certificate.status == alone.certificate.status == "optimal"
     assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
-    assert both.certificate.bound_s <= both.step_time_s * (1 + 1e-9)
+    assert both.certificate.bound_s <= both.certificate.objective_s * (1 + 1e-9)  # the closed form it bounds
 
 
 def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):

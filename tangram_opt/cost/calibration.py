@@ -2,14 +2,11 @@
 
 A :class:`Calibration` says how close real kernels get to the :class:`~tangram_opt.specs.GPUType`
 datasheet figures. Every efficiency is a mapping from GPU type name to a fraction, with ``"*"`` as
-the fallback for types not listed. The defaults are generic public figures, the same for every GPU
-type (see docs/cost_model.md, "Calibration"):
+the fallback for types not listed. The defaults are one table per GPU type, shipped as
+tangram_opt/data/calibration/defaults.yaml with the public source of every entry (docs/cost_model.md
+§5): large-GEMM efficiencies measured per accelerator (the MAMF table of stas00/ml-engineering),
+fused-attention efficiencies from the FlashAttention-2/3 papers, generic figures elsewhere:
 
-- large dense GEMMs on tensor cores (16-bit or TF32) reach about 80% of the dense peak (cuBLAS on
-  A100/H100 at large sizes; NVIDIA's "Matrix Multiplication Background" guide);
-- FP32 GEMMs on CUDA cores (SGEMM, no tensor cores) reach about 85-90% of the FP32 peak;
-- FlashAttention-2 reaches 50-70% of the 16-bit peak on A100 (Dao 2023, forward and backward);
-- streaming memory-bound kernels reach about 80-90% of HBM bandwidth;
 - NCCL collectives reach about 80% of the link figure as bus bandwidth (nccl-tests PERFORMANCE.md
   defines bus bandwidth; DGX A100 all-reduce busbw is ~230 of 300 GB/s per direction);
 - every kernel launch costs a few microseconds that no roofline captures.
@@ -41,13 +38,48 @@ def _frozen(d: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType(dict(d))
 
 
+#: The shipped per-GPU calibration table (tangram_opt/data/calibration/defaults.yaml): the default of
+#: every Calibration field. Read once, raw; tests check that the file also passes
+#: ``calibration_from_dict`` unchanged.
+DEFAULTS_FILE = Path(__file__).resolve().parent.parent / "data" / "calibration" / "defaults.yaml"
+
+
+def _shipped() -> dict[str, Any]:
+    data = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8"))
+    tables: dict[str, dict[str, float]] = {}
+    sources: dict[str, str] = {"*": data["default"].get("source", "")}
+    for name, value in data["default"].items():
+        if name != "source":
+            tables.setdefault(name, {})["*"] = float(value)
+    for gpu, entry in data.get("gpus", {}).items():
+        sources[gpu] = entry.get("source", "")
+        for name, value in entry.items():
+            if name != "source":
+                tables.setdefault(name, {})[gpu] = float(value)
+    return {"tables": tables, "sources": sources, "scalars": data}
+
+
+_SHIPPED = _shipped()
+#: where each shipped per-GPU entry comes from (GPU type name, or "*" for the default entry)
+DEFAULT_SOURCES: Mapping[str, str] = MappingProxyType(_SHIPPED["sources"])
+
+
+def _table(name: str):  # type: ignore[no-untyped-def]
+    return field(default_factory=lambda: _frozen(_SHIPPED["tables"][name]))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     """Achievable fractions of peak, per GPU type name (``"*"`` is the default for other types).
 
-    - ``matmul_efficiency``: dense GEMMs on tensor cores (bf16/fp16, and TF32 when enabled).
+    - ``matmul_efficiency``: large dense GEMMs on tensor cores (bf16/fp16, and TF32 when enabled),
+      measured in isolation (the best shape of a shape search).
     - ``fp32_matmul_efficiency``: GEMMs on CUDA cores in IEEE fp32 (no tensor cores).
-    - ``attention_efficiency``: fused (flash) attention kernels, as a fraction of the tensor peak.
+    - ``attention_efficiency`` / ``attention_bwd_efficiency``: fused (flash) attention forward /
+      backward, as a fraction of the tensor peak.
+    - ``step_efficiency``: the share of those isolated tensor-core rates (GEMMs and fused attention)
+      a training step keeps: what the first-principles terms leave unexplained on published
+      end-to-end runs of that GPU generation (docs/cost_model.md §5).
     - ``memory_efficiency``: memory-bound kernels, as a fraction of HBM bandwidth.
     - ``network_efficiency``: collectives and p2p, as a fraction of the link figure (bus bandwidth).
     - ``kernel_overhead_s``: fixed cost per kernel (launch plus tail), added to every operation.
@@ -57,18 +89,21 @@ class Calibration:
       (Megatron ``--overlap-grad-reduce``); when False it is fully exposed.
     """
 
-    matmul_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.80}))
-    fp32_matmul_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.85}))
-    attention_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.60}))
-    memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({"*": 0.85}))
-    network_efficiency: float = 0.80
-    kernel_overhead_s: float = 4 * u.US
-    memory_reserve_fraction: float = 0.08
-    memory_reserve_bytes: float = 1.5 * u.GiB
-    overlap_grad_reduce: bool = True
+    matmul_efficiency: Mapping[str, float] = _table("matmul_efficiency")
+    fp32_matmul_efficiency: Mapping[str, float] = _table("fp32_matmul_efficiency")
+    attention_efficiency: Mapping[str, float] = _table("attention_efficiency")
+    attention_bwd_efficiency: Mapping[str, float] = _table("attention_bwd_efficiency")
+    step_efficiency: Mapping[str, float] = _table("step_efficiency")
+    memory_efficiency: Mapping[str, float] = _table("memory_efficiency")
+    network_efficiency: float = float(_SHIPPED["scalars"]["network_efficiency"])
+    kernel_overhead_s: float = float(_SHIPPED["scalars"]["kernel_overhead_us"]) * u.US
+    memory_reserve_fraction: float = float(_SHIPPED["scalars"]["memory_reserve_fraction"])
+    memory_reserve_bytes: float = float(_SHIPPED["scalars"]["memory_reserve_gib"]) * u.GiB
+    overlap_grad_reduce: bool = bool(_SHIPPED["scalars"]["overlap_grad_reduce"])
 
     def __post_init__(self) -> None:
-        for name in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+        for name in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency",
+                     "attention_bwd_efficiency", "step_efficiency", "memory_efficiency"):
             table = getattr(self, name)
             if not isinstance(table, Mapping):
                 raise SpecError(f"calibration.{name}", table, "must map GPU type names to fractions",
@@ -110,6 +145,12 @@ class Calibration:
 
     def attention(self, gpu_name: str) -> float:
         return self._lookup(self.attention_efficiency, gpu_name)
+
+    def step(self, gpu_name: str) -> float:
+        return self._lookup(self.step_efficiency, gpu_name)
+
+    def attention_bwd(self, gpu_name: str) -> float:
+        return self._lookup(self.attention_bwd_efficiency, gpu_name)
 
     def memory(self, gpu_name: str) -> float:
         return self._lookup(self.memory_efficiency, gpu_name)

@@ -68,6 +68,10 @@ class Op:
     bytes: float
     unit: str
     kernels: int = 1
+    #: for GEMMs: the matrix shapes executed, ``(m, n, k, count)`` each (``count`` GEMMs of ``m x k``
+    #: by ``k x n``, batched or grouped); their ``2 m n k count`` add up to ``flops``. Empty when the
+    #: shape is unknown: the GEMM then runs at the GPU's large-GEMM efficiency.
+    gemms: tuple[tuple[float, float, float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +180,17 @@ class LayerShape:
     causal: bool = True
 
 
-def _gemm(name: str, m: float, n: float, k: float, e: float) -> Op:
-    return Op(name, 2.0 * m * n * k, e * (m * k + k * n + m * n), "gemm")
+def _gemm(name: str, m: float, n: float, k: float, e: float, *, count: float = 1.0) -> Op:
+    """``count`` GEMMs of ``(m x k) @ (k x n)``: tokens x input width by input x output width."""
+    return Op(name, 2.0 * m * n * k * count, e * count * (m * k + k * n + m * n), "gemm", gemms=((m, n, k, count),))
 
 
 def _gemm_bwd(fwd: Op) -> Op:
-    # input gradient and weight gradient: two GEMMs of the forward's size, reading/writing ~2x
-    return Op(fwd.name + ".bwd", 2.0 * fwd.flops, 2.0 * fwd.bytes, "gemm", 2 * fwd.kernels)
+    # input gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n): two GEMMs of the
+    # forward's FLOPs, reading/writing ~2x its bytes; their shapes put the forward's k and m on the
+    # reduction dimension instead
+    shapes = tuple(g for m, n, k, c in fwd.gemms for g in ((m, k, n, c), (k, n, m, c)))
+    return Op(fwd.name + ".bwd", 2.0 * fwd.flops, 2.0 * fwd.bytes, "gemm", 2 * fwd.kernels, gemms=shapes)
 
 
 def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool) -> tuple[list[Op], list[Op]]:
@@ -206,8 +214,11 @@ def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool)
         return fwd, bwd
     scores = t * skv * nh  # elements of the score matrix
     mask_b = 1.0  # dropout masks are stored as bytes
-    qk = Op("attn.qk", 2.0 * t * skv * nh * dqk, e * (t * nh * dqk + sh.batch * skv * nkv * dqk + scores), "gemm")
-    pv = Op("attn.pv", 2.0 * t * skv * nh * dv, e * (scores + sh.batch * skv * nkv * dv + t * nh * dv), "gemm")
+    sq, heads = t / sh.batch, sh.batch * nh  # one batched GEMM per sequence and head
+    qk = Op("attn.qk", 2.0 * t * skv * nh * dqk, e * (t * nh * dqk + sh.batch * skv * nkv * dqk + scores), "gemm",
+            gemms=((sq, skv, dqk, heads),))
+    pv = Op("attn.pv", 2.0 * t * skv * nh * dv, e * (scores + sh.batch * skv * nkv * dv + t * nh * dv), "gemm",
+            gemms=((sq, dv, skv, heads),))
     sm_fwd = _SOFTMAX_PASSES_FWD[kernel] * e * scores
     sm_bwd = _SOFTMAX_PASSES_BWD[kernel] * e * scores
     n_sm = 1 if kernel == "fused-softmax" else 3
@@ -221,7 +232,7 @@ def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool)
 
 
 def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention_dropout: bool, hidden_dropout: bool,
-              tokens_per_expert_rank: float = 0.0) -> tuple[list[Op], list[Op]]:
+              tokens_per_expert_rank: float = 0.0, local_experts: int | None = None) -> tuple[list[Op], list[Op]]:
     """Forward and backward ops of one transformer block on one GPU (no communication).
 
     ``attention_dropout``: dropout on the attention probabilities (materialized attention keeps a
@@ -229,7 +240,8 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention
     attention and MLP outputs before each residual add.
 
     ``tokens_per_expert_rank`` is, for MoE layers, the token-expert assignments this GPU's experts
-    process (``tokens * top_k * imbalance``; see :class:`tangram_opt.cost.model.CostModel`).
+    process (``tokens * top_k * imbalance``; see :class:`tangram_opt.cost.model.CostModel`), spread
+    over its ``local_experts`` (``num_experts / ep``; default all of them).
     """
     h, tp, e, t = m.hidden_size, sh.tp, sh.elt_bytes, sh.tokens
     t_sp = t / tp if sh.sp else t  # tokens the replicated element-wise kernels process
@@ -269,11 +281,11 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention
         moe = m.moe
         assert moe is not None
         fwd.append(Op("router", 2.0 * t * h * moe.num_experts, e * (t * h + h * moe.num_experts)
-                      + 4.0 * t * moe.num_experts * 3, "gemm", 3))
+                      + 4.0 * t * moe.num_experts * 3, "gemm", 3, gemms=((t, moe.num_experts, h, 1.0),)))
         if moe.num_shared_experts:
             fwd += _mlp_ops(m, "shared", t, moe.num_shared_experts * moe.shared_ffn_hidden_size, tp, e)
         fwd += _mlp_ops(m, "experts", tokens_per_expert_rank, moe.expert_ffn_hidden_size, tp, e,
-                        weight_sets=max(1, moe.num_experts))
+                        weight_sets=max(1, local_experts or moe.num_experts))
         fwd.append(Op("moe.permute", 0.0, 4.0 * e * tokens_per_expert_rank * h, "memory", 2))
     bwd: list[Op] = list(core_bwd)
     for op in fwd:
@@ -282,7 +294,7 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention
         if op.unit == "gemm":
             bwd.append(_gemm_bwd(op))
         else:
-            bwd.append(Op(op.name + ".bwd", 2.0 * op.flops, 2.0 * op.bytes, op.unit, op.kernels))
+            bwd.append(Op(op.name + ".bwd", 2.0 * op.flops, 2.0 * op.bytes, op.unit, op.kernels, op.gemms))
     return fwd, bwd
 
 
@@ -293,13 +305,11 @@ def _mlp_ops(m: ModelSpec, name: str, tokens: float, ffn: float, tp: int, e: flo
     gated = m.mlp_type == "swiglu"
     f = ffn / tp
     width1 = 2 * f if gated else f
-    fc1 = _gemm(f"{name}.fc1", tokens, width1, h, e)
-    fc2 = _gemm(f"{name}.fc2", tokens, h, f, e)
-    if weight_sets > 1:
-        # grouped GEMM over the local experts: the weights of every local expert are read once
-        extra_w = e * (weight_sets - 1) * h * (width1 + f)
-        fc1 = Op(fc1.name, fc1.flops, fc1.bytes + extra_w / 2, "gemm")
-        fc2 = Op(fc2.name, fc2.flops, fc2.bytes + extra_w / 2, "gemm")
+    # grouped GEMM over the local experts (``weight_sets`` of them, the tokens split evenly): each
+    # expert's weights are read once
+    per_set = tokens / weight_sets
+    fc1 = _gemm(f"{name}.fc1", per_set, width1, h, e, count=weight_sets)
+    fc2 = _gemm(f"{name}.fc2", per_set, h, f, e, count=weight_sets)
     act = Op(f"{name}.act", (4.0 if gated else 8.0) * tokens * f, e * tokens * (3 * f if gated else 2 * f),
              "memory")
     return [fc1, act, fc2]

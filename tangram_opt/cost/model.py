@@ -30,6 +30,7 @@ Overlap policy (what counts on the critical path):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from tangram_opt.cost.flops import ATTENTION_KERNELS, LayerShape, Op
 from tangram_opt.cost.profiles import LayerProfile, ProfileSet
 from tangram_opt.errors import SpecError
 from tangram_opt.specs.cluster import NodeSpec
+from tangram_opt.specs.hardware import GPUType
 from tangram_opt.specs.model import LayerKind, ModelSpec
 from tangram_opt.specs.training import TrainingSpec
 
@@ -49,20 +51,59 @@ from tangram_opt.specs.training import TrainingSpec
 FP32_MATMUL_MODES = ("ieee", "tf32")
 
 
+#: Output tile of one GEMM thread block (rows x columns of the result), and the fixed cost of a tile
+#: (filling its software pipeline and writing its result) in units of its reduction dimension, for
+#: 16-bit tensor-core GEMMs: NVIDIA's "Matrix Multiplication Background User's Guide" (tile and wave
+#: quantization) uses 128 x 128 tiles; a multi-stage main loop of 64-wide k-blocks spends about two
+#: of them outside the steady state. The fixed cost is latency, so for slower arithmetic (TF32 at
+#: half the rate, fp32 on CUDA cores) it is worth proportionally less of the reduction.
+GEMM_TILE = (128, 128)
+GEMM_TILE_OVERHEAD_K = 128
+
+
+def gemm_shape_efficiency(m: float, n: float, k: float, count: float, num_sms: int | None,
+                          k_overhead: float = GEMM_TILE_OVERHEAD_K) -> float:
+    """Fraction of a GPU's large-GEMM rate that ``count`` GEMMs of ``(m x k) @ (k x n)`` reach.
+
+    Wave quantization: the result is cut into tiles that the SMs run in waves; the last wave of a
+    small GEMM leaves SMs idle (``tiles / (waves x SMs)``). The reduction dimension: each tile pays a
+    fixed pipeline fill and write-out, worth ``k_overhead`` of ``k`` (``k / (k + k0)``; 16-bit
+    attention's per-head GEMMs, with k = 64-128, run at half speed). Both tend to 1 for the large
+    GEMMs on which the calibration's matmul efficiency is measured.
+    """
+    waves_eff = 1.0
+    if num_sms:
+        tiles = math.ceil(m / GEMM_TILE[0]) * math.ceil(n / GEMM_TILE[1]) * max(1.0, count)
+        waves_eff = tiles / (math.ceil(tiles / num_sms) * num_sms)
+    return waves_eff * k / (k + k_overhead)
+
+
 @dataclass(frozen=True, slots=True)
 class _Rates:
     gemm_flops_per_s: float
-    attn_flops_per_s: float
+    attn_fwd_flops_per_s: float
+    attn_bwd_flops_per_s: float
     mem_bytes_per_s: float
     overhead_s: float
+    num_sms: int | None = None
+    k_overhead: float = GEMM_TILE_OVERHEAD_K
 
     def time_s(self, ops: Iterable[Op]) -> float:
         total = 0.0
         for op in ops:
             if op.unit == "memory":
                 t = op.bytes / self.mem_bytes_per_s
+            elif op.unit == "gemm":
+                if op.gemms:
+                    compute = sum(2.0 * m * n * k * c / (self.gemm_flops_per_s
+                                                         * gemm_shape_efficiency(m, n, k, c, self.num_sms,
+                                                                                 self.k_overhead))
+                                  for m, n, k, c in op.gemms if m > 0 and n > 0 and k > 0)
+                else:
+                    compute = op.flops / self.gemm_flops_per_s
+                t = max(compute, op.bytes / self.mem_bytes_per_s)
             else:
-                rate = self.gemm_flops_per_s if op.unit == "gemm" else self.attn_flops_per_s
+                rate = self.attn_bwd_flops_per_s if op.name.endswith(".bwd") else self.attn_fwd_flops_per_s
                 t = max(op.flops / rate, op.bytes / self.mem_bytes_per_s)
             total += t + op.kernels * self.overhead_s
         return total
@@ -89,7 +130,9 @@ class CostModel:
       planner passes the best expert placement's ratio for each EP degree, see experts/);
     - ``profiles``: measured per-layer times (:class:`ProfileSet`, a :class:`LayerProfile` or a list)
       that replace the computed compute time on matching GPU types;
-    - ``attention_kernel``: "auto" (flash in 16-bit, eager in fp32), "flash", "fused-softmax", "eager";
+    - ``attention_kernel``: "auto" (per GPU type: flash in 16-bit where flash kernels run, i.e. Ampere
+      and newer, Megatron's fused softmax in 16-bit on older GPUs, eager in fp32), "flash",
+      "fused-softmax", "eager";
     - ``fp32_matmul``: "ieee" or "tf32", for ``precision="fp32"`` only;
     - ``dropout``: ``None`` (default) follows the model: attention dropout where
       ``model.attention_dropout > 0``, residual-path (hidden) dropout where ``model.hidden_dropout > 0``
@@ -119,8 +162,6 @@ class CostModel:
             self.profiles = ProfileSet([profiles])
         else:
             self.profiles = ProfileSet(profiles)
-        if attention_kernel == "auto":
-            attention_kernel = "eager" if training.precision == "fp32" else "flash"
         self.attention_kernel = attention_kernel
         self.fp32_matmul = fp32_matmul
         if dropout is not None and not isinstance(dropout, bool):
@@ -159,6 +200,9 @@ class CostModel:
             problems.append(f"{node.gpu.name} does not support {t.precision}")
         if self.attention_kernel in ("flash", "fused-softmax") and t.precision == "fp32":
             problems.append(f"attention kernel {self.attention_kernel!r} needs 16-bit training, not fp32")
+        if self.attention_kernel == "flash" and not node.gpu.flash_attention:
+            problems.append(f"flash attention needs an Ampere or newer GPU (compute capability 8.0); "
+                            f"{node.gpu.name} has {node.gpu.compute_capability}")
         return problems
 
     # --- memory ------------------------------------------------------------------------------------
@@ -181,18 +225,30 @@ class CostModel:
 
     def _rates_uncached(self, node: NodeSpec) -> _Rates:
         gpu, c, prec = node.gpu, self.calibration, self.training.precision
+        step = c.step(gpu.name)  # tensor-core kernels inside a training step
         if prec == "fp32":
             if self.fp32_matmul == "tf32" and gpu.bf16_flops_per_s is not None:
-                gemm = 0.5 * gpu.fp16_flops_per_s * c.matmul(gpu.name)
+                gemm = 0.5 * gpu.fp16_flops_per_s * c.matmul(gpu.name) * step
             else:
                 gemm = gpu.fp32_flops_per_s * c.fp32_matmul(gpu.name)
-            attn = gemm
+            attn_fwd = attn_bwd = gemm
         else:
             peak = gpu.peak_flops_per_s(prec) if gpu.supports(prec) else gpu.fp16_flops_per_s
-            gemm = peak * c.matmul(gpu.name)
-            attn = peak * c.attention(gpu.name)
-        return _Rates(gemm_flops_per_s=gemm, attn_flops_per_s=attn,
-                      mem_bytes_per_s=gpu.hbm_bw_bytes_per_s * c.memory(gpu.name), overhead_s=c.kernel_overhead_s)
+            gemm = peak * c.matmul(gpu.name) * step
+            attn_fwd = peak * c.attention(gpu.name) * step
+            attn_bwd = peak * c.attention_bwd(gpu.name) * step
+        tensor16 = gpu.fp16_flops_per_s * c.matmul(gpu.name) * step
+        return _Rates(gemm_flops_per_s=gemm, attn_fwd_flops_per_s=attn_fwd, attn_bwd_flops_per_s=attn_bwd,
+                      mem_bytes_per_s=gpu.hbm_bw_bytes_per_s * c.memory(gpu.name), overhead_s=c.kernel_overhead_s,
+                      num_sms=gpu.num_sms, k_overhead=GEMM_TILE_OVERHEAD_K * min(1.0, gemm / tensor16))
+
+    def kernel_for(self, gpu: GPUType) -> str:
+        """The attention kernel a stage on ``gpu`` runs (``attention_kernel`` unless "auto")."""
+        if self.attention_kernel != "auto":
+            return self.attention_kernel
+        if self.training.precision == "fp32":
+            return "eager"
+        return "flash" if gpu.flash_attention else "fused-softmax"
 
     def _profile(self, node: NodeSpec, cfg: StageConfig) -> LayerProfile | None:
         p = self.profiles.get(node.gpu.name) if len(self.profiles) else None
@@ -250,8 +306,10 @@ class CostModel:
         if kind == "moe":
             assert m.moe is not None
             expert_tokens = sh.tokens * m.moe.top_k * self.imbalance(cfg.ep, node.gpus_per_node)
+        local_experts = m.moe.num_experts // cfg.ep if kind == "moe" and m.moe is not None else 1
         fwd_all_s, bwd_all_s, attn_fwd_s, attn_bwd_s = self._memo(
-            ("compute", node, kind, sh, expert_tokens), lambda: self._compute_times(kind, sh, expert_tokens, rates))
+            ("compute", node, kind, sh, expert_tokens, local_experts),
+            lambda: self._compute_times(kind, sh, expert_tokens, local_experts, rates, self.kernel_for(node.gpu)))
         tp_comm = self._tp_comm_per_pass(node, cfg, sh)
         prof = self._profile(node, cfg)
         measured = prof.lookup(kind, cfg.tp, cfg.micro_batch_size) if prof is not None else None
@@ -297,7 +355,7 @@ class CostModel:
         if cfg.recompute == "full":
             recompute = fwd_c + tp_comm + cp_fwd + ep_pass
         elif cfg.recompute == "selective":
-            recompute = attn_fwd_s if self.attention_kernel != "flash" else 0.0
+            recompute = attn_fwd_s if self.kernel_for(node.gpu) != "flash" else 0.0
         else:
             recompute = 0.0
         fwd = fwd_c + tp_comm + cp_fwd + ep_pass + z3_fwd
@@ -312,7 +370,7 @@ class CostModel:
                                           zero=cfg.zero)
         act_shape = memory.ActivationShape(seq=sh.tokens / cfg.micro_batch_size, seq_kv=sh.seq_kv,
                                            batch=float(cfg.micro_batch_size), tp=cfg.tp, sp=sh.sp,
-                                           elt_bytes=sh.elt_bytes, flash=self.attention_kernel == "flash",
+                                           elt_bytes=sh.elt_bytes, flash=self.kernel_for(node.gpu) == "flash",
                                            attention_dropout=self.attention_dropout,
                                            hidden_dropout=self.hidden_dropout)
         act = self._memo(("act", kind, act_shape, cfg.recompute, expert_tokens), lambda: memory.activation_bytes(
@@ -337,12 +395,12 @@ class CostModel:
                                     "zero3_comm": z3_fwd + z3_bwd, "grad_sync_total": grad_sync + param_gather,
                                     "profiled": 1.0 if measured is not None else 0.0})
 
-    def _compute_times(self, kind: LayerKind, sh: LayerShape, expert_tokens: float,
-                       rates: _Rates) -> tuple[float, float, float, float]:
+    def _compute_times(self, kind: LayerKind, sh: LayerShape, expert_tokens: float, local_experts: int,
+                       rates: _Rates, kernel: str) -> tuple[float, float, float, float]:
         """(forward, backward, attention-core forward, attention-core backward) compute seconds."""
-        fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=self.attention_kernel,
+        fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=kernel,
                                            attention_dropout=self.attention_dropout, hidden_dropout=self.hidden_dropout,
-                                           tokens_per_expert_rank=expert_tokens)
+                                           tokens_per_expert_rank=expert_tokens, local_experts=local_experts)
         core = [op for op in fwd_ops if op.name.startswith("attn.")]
         core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
         return rates.time_s(fwd_ops), rates.time_s(bwd_ops), rates.time_s(core), rates.time_s(core_bwd)

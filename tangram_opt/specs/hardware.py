@@ -67,7 +67,12 @@ class GPUType:
     """One accelerator model (one device as the framework sees it).
 
     ``bf16_flops_per_s`` is ``None`` on GPUs without BF16 tensor cores (V100, RTX 2080, Titan RTX);
-    training in "bf16" on them is rejected with a message asking for "fp16".
+    training in "bf16" on them is rejected with a message asking for "fp16". ``num_sms`` is the
+    number of streaming multiprocessors (AMD: compute units): a GEMM's output tiles run in waves of
+    that many, so a small GEMM leaves part of the GPU idle (``None``: not modelled).
+    ``compute_capability`` (NVIDIA) decides which kernels a framework can run on it: FlashAttention-2
+    and its successors need 8.0 (Ampere) or newer, so V100 and Turing cards train with
+    materialized attention.
     """
 
     name: str
@@ -77,6 +82,8 @@ class GPUType:
     hbm_bytes: float
     hbm_bw_bytes_per_s: float
     default_link: str
+    num_sms: int | None = None
+    compute_capability: float | None = None
     vendor: str = "NVIDIA"
     source: str = ""
     notes: str = ""
@@ -89,6 +96,8 @@ class GPUType:
             _check.positive_float(f"{where}.{fname}", getattr(self, fname))
         if self.bf16_flops_per_s is not None:
             _check.positive_float(f"{where}.bf16_flops_per_s", self.bf16_flops_per_s)
+        if self.num_sms is not None:
+            _check.positive_int(f"{where}.num_sms", self.num_sms)
         if self.default_link not in LINKS:
             raise SpecError(f"{where}.default_link", self.default_link, "is not a known link type",
                             f"use one of {', '.join(LINKS)}")
@@ -108,16 +117,57 @@ class GPUType:
     def supports(self, precision: str) -> bool:
         return precision != "bf16" or self.bf16_flops_per_s is not None
 
+    @property
+    def flash_attention(self) -> bool:
+        """Whether fused (flash) attention kernels run on it: NVIDIA compute capability 8.0 or newer
+        (FlashAttention-2's requirement; cuDNN's fused attention likewise targets Ampere and later),
+        AMD Instinct MI200/MI300 (FlashAttention-2's ROCm port). Unknown NVIDIA parts: assumed yes."""
+        if self.vendor == "AMD":
+            return True
+        return self.compute_capability is None or self.compute_capability >= 8.0
+
 
 def _gpu(name: str, *, half_tflops: float, bf16: bool = True, fp32_tflops: float, mem_gib: float | None = None,
          mem_gb: float | None = None, hbm_gb_per_s: float, link: str, vendor: str = "NVIDIA", source: str,
          notes: str = "") -> GPUType:
+    sms = SM_COUNTS[name][0]
+    cc = COMPUTE_CAPABILITY.get(name)
     mem = mem_gib * u.GiB if mem_gib is not None else mem_gb * u.GB  # type: ignore[operator]
     return GPUType(name=name, fp16_flops_per_s=half_tflops * u.TFLOPS,
                    bf16_flops_per_s=half_tflops * u.TFLOPS if bf16 else None,
                    fp32_flops_per_s=fp32_tflops * u.TFLOPS, hbm_bytes=mem, hbm_bw_bytes_per_s=hbm_gb_per_s * u.GB_PER_S,
-                   default_link=link, vendor=vendor, source=source, notes=notes)
+                   default_link=link, num_sms=sms, compute_capability=cc, vendor=vendor, source=source, notes=notes)
 
+
+#: Streaming multiprocessors (AMD: compute units) per device, with where the figure comes from.
+#: Where a datasheet gives CUDA cores rather than SMs, the count is cores / cores per SM of the
+#: architecture (64 on Volta, Turing and GA100; 128 on GA10x, Ada and Hopper).
+SM_COUNTS: dict[str, tuple[int, str]] = {
+    "V100-16": (80, "Volta whitepaper: 80 SMs (5,120 CUDA cores)"),
+    "V100-32": (80, "Volta whitepaper: 80 SMs"),
+    "A100-40": (108, "A100 whitepaper: 108 SMs (6,912 CUDA cores)"),
+    "A100-80": (108, "A100 whitepaper: 108 SMs"),
+    "H100-SXM": (132, "H100 whitepaper: 132 SMs on the SXM5 board (16,896 CUDA cores)"),
+    "H200": (132, "H200 uses the H100 SXM5 configuration of GH100: 132 SMs"),
+    "B200": (148, "Blackwell B200: 148 SMs over its two dies (as reported by NVIDIA's CUDA device query)"),
+    "GB200": (148, "the Blackwell GPU of GB200: 148 SMs, as B200"),
+    "GH200-96": (132, "GH200 datasheet: H100 GPU with 132 SMs"),
+    "L4": (58, "L4 datasheet: 7,424 CUDA cores / 128 per Ada SM"),
+    "A10G": (80, "A10G: 80 SMs as reported by the CUDA device query on AWS G5 (not in AWS documentation)"),
+    "RTX-3090": (82, "GA102 whitepaper: 10,496 CUDA cores / 128 per SM"),
+    "RTX-4090": (128, "Ada whitepaper: 16,384 CUDA cores / 128 per SM"),
+    "RTX-2080": (46, "Turing whitepaper: 2,944 CUDA cores / 64 per SM"),
+    "Titan-RTX": (72, "Turing whitepaper: 4,608 CUDA cores / 64 per SM"),
+    "MI250X": (110, "AMD MI250X datasheet: 220 compute units per package, 110 per GCD"),
+    "MI300X": (304, "AMD MI300X datasheet: 304 compute units"),
+}
+
+#: CUDA compute capability (NVIDIA's "CUDA GPUs" compute-capability table).
+COMPUTE_CAPABILITY: dict[str, float] = {
+    "V100-16": 7.0, "V100-32": 7.0, "A100-40": 8.0, "A100-80": 8.0, "H100-SXM": 9.0, "H200": 9.0, "B200": 10.0,
+    "GB200": 10.0,
+    "GH200-96": 9.0, "L4": 8.9, "A10G": 8.6, "RTX-3090": 8.6, "RTX-4090": 8.9, "RTX-2080": 7.5, "Titan-RTX": 7.5,
+}
 
 _BUILTIN: tuple[GPUType, ...] = (
     _gpu("V100-16", half_tflops=125, bf16=False, fp32_tflops=15.7, mem_gib=16, hbm_gb_per_s=900, link="nvlink2",
@@ -134,6 +184,12 @@ _BUILTIN: tuple[GPUType, ...] = (
          source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e, 4.8 TB/s"),
     _gpu("B200", half_tflops=2250, fp32_tflops=75, mem_gb=180, hbm_gb_per_s=8000, link="nvlink5",
          source="NVIDIA DGX/HGX B200 datasheets: 2.25 PFLOPS BF16 dense per GPU, 1,440 GB / 8 GPUs, 64 TB/s / 8"),
+    _gpu("GB200", half_tflops=2500, fp32_tflops=80, mem_gb=186, hbm_gb_per_s=8000, link="nvlink5",
+         source="NVIDIA GB200 NVL72 datasheet: 360 PFLOPS FP16/BF16 with sparsity (180 dense), 13.4 TB HBM3e "
+                "at 576 TB/s for 72 GPUs: per GPU 2.5 PFLOPS dense, 186 GB, 8 TB/s. The FP32 CUDA-core peak is "
+                "not on the datasheet: B200's 75 TFLOPS x 2500 / 2250 (same die, higher clock)",
+         notes="one rack is one NVLink domain of 72 GPUs: describe it as nodes of 72 (or of the tray's 4 with "
+               "nvlink5 as the NIC figure)"),
     _gpu("GH200-96", half_tflops=989, fp32_tflops=67, mem_gib=96, hbm_gb_per_s=4000, link="nvlink4",
          source="NVIDIA GH200 Grace Hopper datasheet: H100 compute, 96 GB HBM3 at 4 TB/s"),
     _gpu("L4", half_tflops=121, fp32_tflops=30.3, mem_gib=24, hbm_gb_per_s=300, link="pcie4",
@@ -215,7 +271,7 @@ def get_link(name: str, *, field: str = "intra_node_link", source: str = "") -> 
 
 
 _GPU_FIELDS = ("name", "fp16_tflops", "bf16_tflops", "fp32_tflops", "memory_gib", "memory_gb",
-               "hbm_gbs", "link", "vendor", "source", "notes")
+               "hbm_gbs", "link", "num_sms", "compute_capability", "vendor", "source", "notes")
 
 
 def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", source: str = "") -> GPUType:
@@ -240,7 +296,12 @@ def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", sou
                    bf16_flops_per_s=None if bf16 is None else _check.positive_float(
                        f"{f}.bf16_tflops", bf16, source=source) * u.TFLOPS,
                    fp32_flops_per_s=fp32 * u.TFLOPS, hbm_bytes=mem, hbm_bw_bytes_per_s=hbm * u.GB_PER_S,
-                   default_link=str(link).lower(), vendor=str(data.get("vendor", "custom")),
+                   default_link=str(link).lower(),
+                   num_sms=None if data.get("num_sms") is None else _check.positive_int(
+                       f"{f}.num_sms", data["num_sms"], source=source),
+                   compute_capability=None if data.get("compute_capability") is None else _check.positive_float(
+                       f"{f}.compute_capability", data["compute_capability"], source=source),
+                   vendor=str(data.get("vendor", "custom")),
                    source=str(data.get("source", "user-defined")), notes=str(data.get("notes", "")))
 
 
