@@ -14,9 +14,10 @@ Sailor's measured intra-node bandwidths for the TP links of those machines (with
 it fits one compute scale and one memory efficiency per GPU type to the same data, to show how much
 of the error is a per-GPU constant.
 
-Part 2 reproduces Megatron-LM's published model FLOPs utilization for GPT models on A100-80GB
-(Korthikanti et al. 2022, Table 3 configurations; MFU from the Megatron-LM README: 22B 41.5%,
-175B 51.4%, 530B 56.0%, 1T 56.3%), by evaluating a 1F1B pipeline from the per-layer costs.
+Part 2 plans every published end-to-end run of benchmarks/validation/published_runs.yaml (A100,
+H100 and GB200; dense and MoE; llm-foundry, Megatron-LM and NeMo) with its published
+configuration and compares the predicted tokens/s per GPU (or MFU, where only MFU is published)
+with the published figure (benchmarks/validation/published.py).
 """
 
 from __future__ import annotations
@@ -29,17 +30,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tangram_opt import units as u
-from tangram_opt.cost import Calibration, CostModel, StageConfig, fit_calibration, pipeline_link
+from tangram_opt.cost import Calibration, CostModel, StageConfig, fit_calibration
 from tangram_opt.cost.calibration import percentile
 from tangram_opt.cost.profiles import (SAILOR_MODELS, infer_sailor_precision, load_sailor_profile, read_sailor_raw,
                                        sailor_files, sailor_link_bandwidths)
 from tangram_opt.errors import SpecError
-from tangram_opt.specs import ModelSpec, NodeSpec, TrainingSpec, get_gpu_type
+from tangram_opt.specs import NodeSpec, TrainingSpec, get_gpu_type
 from tangram_opt.specs.hardware import LINKS
 
 # --------------------------------------------------------------------------------------------------
@@ -263,100 +265,42 @@ def implied_tp_bandwidth(rows: list[Row], pred: Predictor, cal: Calibration) -> 
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class MegatronRun:
-    name: str
-    heads: int
-    hidden: int
-    layers: int
-    tp: int
-    pp: int
-    gpus: int
-    global_batch: int
-    published_mfu: float
+def part2(fast: bool = False) -> list[Any]:
+    """Published end-to-end runs (benchmarks/validation/published_runs.yaml), planned as published."""
+    from benchmarks.validation.published import load_runs, predict, summarize
 
-
-#: Korthikanti et al. 2022, Table 3 (seq 2048, vocab 51200, micro-batch 1, A100-80GB DGX, dp = 1),
-#: with sequence parallelism and selective recomputation; MFU from the Megatron-LM README.
-MEGATRON_RUNS = (
-    MegatronRun("GPT 22B", 64, 6144, 48, 8, 1, 8, 4, 0.415),
-    MegatronRun("GPT 175B", 96, 12288, 96, 8, 8, 64, 64, 0.514),
-    MegatronRun("GPT 530B", 128, 20480, 105, 8, 35, 280, 280, 0.560),
-    MegatronRun("GPT 1T", 160, 25600, 128, 8, 64, 512, 512, 0.563),
-)
-
-
-def dgx_a100_80() -> NodeSpec:
-    """DGX A100 80GB: 8 GPUs on NVLink3 (NVSwitch), 8 x 200 Gb/s HDR InfiniBand."""
-    link = LINKS["nvlink3"]
-    return NodeSpec(gpu=get_gpu_type("A100-80"), gpus_per_node=8, intra_node_link="nvlink3",
-                    intra_node_bw_bytes_per_s=link.bw_bytes_per_s, intra_node_latency_s=link.latency_s,
-                    nic_bw_bytes_per_s=8 * 200 * u.GBIT_PER_S)
-
-
-def one_f_one_b_step_s(cm: CostModel, node: NodeSpec, cfg: StageConfig, layers: int, pp: int, m: int) -> float:
-    """1F1B step time with layers split evenly: ``(m - 1) T_max + sum_k T_k + tail`` (DESIGN.md objective)."""
-    per_stage = [layers // pp + (1 if k < layers % pp else 0) for k in range(pp)]
-    lay = cm.layer(node, cfg, "dense")
-    emb, head = cm.embedding(node, cfg), cm.head(node, cfg)
-    link = pipeline_link(node, node, None, intra_node=False)
-    p2p = 2 * cm.p2p_time_s((node, cfg), (node, cfg), link) if pp > 1 else 0.0
-    stage_times, tails = [], []
-    for k, w in enumerate(per_stage):
-        t = w * lay.time_s + (p2p if pp > 1 else 0.0)
-        tail = w * lay.step_tail_time_s
-        if k == 0:
-            t += emb.time_s
-            tail += emb.step_tail_time_s
-        if k == pp - 1:
-            t += head.time_s
-            tail += head.step_tail_time_s
-        stage_times.append(t)
-        tails.append(tail)
-    return (m - 1) * max(stage_times) + sum(stage_times) + max(tails)
-
-
-def megatron_mfu() -> list[tuple[MegatronRun, float, float]]:
-    """(run, predicted step seconds, predicted MFU) for every Megatron-LM configuration."""
-    node = dgx_a100_80()
-    out = []
-    for run in MEGATRON_RUNS:
-        model = ModelSpec(name=run.name, num_layers=run.layers, hidden_size=run.hidden, ffn_hidden_size=4 * run.hidden,
-                          num_attention_heads=run.heads, vocab_size=51200, mlp_type="gelu", norm_type="layernorm",
-                          attention_bias="all", mlp_bias=True, position_embedding="learned",
-                          max_position_embeddings=2048, tied_embeddings=True)
-        training = TrainingSpec(global_batch_size=run.global_batch, seq_len=2048, precision="fp16")
-        cm = CostModel(model, training, attention_kernel="fused-softmax", dropout=True)
-        cfg = StageConfig(tp=run.tp, dp=1, micro_batch_size=1, recompute="selective", sequence_parallel=True)
-        assert not cm.check_config(node, cfg), cm.check_config(node, cfg)
-        m = run.global_batch  # micro-batches per step (dp = 1, micro-batch 1)
-        step = one_f_one_b_step_s(cm, node, cfg, run.layers, run.pp, m)
-        mfu = cm.model_flops_per_step() / (step * run.gpus * node.gpu.peak_flops_per_s("fp16"))
-        out.append((run, step, mfu))
-    return out
-
-
-def part2() -> None:
     print("\n" + "=" * 100)
-    print("Part 2: Megatron-LM model FLOPs utilization, GPT on A100-80GB (Korthikanti et al. 2022; Megatron-LM README)")
+    print("Part 2: published end-to-end runs, planned with their published configuration (default calibration)")
     print("=" * 100)
-    print(f"  {'model':<10} {'tp':>3} {'pp':>3} {'GPUs':>5} {'batch':>6} {'step (pred)':>12} {'MFU pred':>9} "
-          f"{'MFU published':>14} {'rel. diff':>10}")
-    for run, step, mfu in megatron_mfu():
-        print(f"  {run.name:<10} {run.tp:>3} {run.pp:>3} {run.gpus:>5} {run.global_batch:>6} {step:11.2f}s "
-              f"{100 * mfu:8.1f}% {100 * run.published_mfu:13.1f}% {100 * (mfu / run.published_mfu - 1):+9.1f}%")
-    print("  (1F1B without interleaving, layers split evenly, embedding on the first and head on the last stage;\n"
-          "   MFU counts 72 B s l h^2 (1 + s/6h + V/12lh) FLOPs per step, Narayanan et al. 2021 Eq. 3.)")
+    print(f"  {'run':<40} {'GPUs':>5} {'published':>11} {'predicted':>11} {'err':>7}  {'MFU pred':>8}  note")
+    preds = []
+    for run in load_runs():
+        p = predict(run, time_limit_s=5.0 if fast else 20.0)
+        preds.append(p)
+        if run.tokens_per_s_per_gpu:
+            pub, pred = f"{run.tokens_per_s_per_gpu:,.0f} t/s", f"{p.tokens_per_s_per_gpu:,.0f} t/s" \
+                if p.tokens_per_s_per_gpu else "-"
+        else:
+            pub, pred = f"MFU {100 * run.mfu:.1f}%", f"MFU {100 * p.mfu:.1f}%" if p.mfu else "-"
+        err = f"{100 * p.error:+6.1f}%" if p.error is not None else "   n/a"
+        mfu = f"{100 * p.mfu:7.1f}%" if p.mfu else "       -"
+        print(f"  {run.id:<40} {run.gpus:>5} {pub:>11} {pred:>11} {err}  {mfu}  {p.note}")
+    print("\n  GPU generation      n   median |err|   median err"
+          "   (throughput per GPU; MFU where only MFU is published)")
+    for gen, st in sorted(summarize(preds).items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        print(f"  {gen:<15} {st['n']:>5} {100 * st['median_abs']:13.1f}% {100 * st['median']:+11.1f}%")
+    return preds
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every measured block configuration")
     ap.add_argument("--no-fit", action="store_true", help="skip the per-GPU calibration fit")
+    ap.add_argument("--fast", action="store_true", help="shorter planning time limits for the published runs")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     part1(args.rows, not args.no_fit)
-    part2()
+    part2(args.fast)
     print(f"\n(done in {time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -97,7 +97,8 @@ def test_large_gemm_layer_runs_near_the_calibrated_matmul_efficiency():
     cm = CostModel(m, t, dropout=False)
     n = node()
     c = cm.layer(n, StageConfig(micro_batch_size=2), "dense")
-    ideal = c.model_flops / (n.gpu.bf16_flops_per_s * cm.calibration.matmul("H100-SXM") * cm.calibration.step("H100-SXM"))
+    cal = cm.calibration
+    ideal = c.model_flops / (n.gpu.bf16_flops_per_s * cal.matmul("H100-SXM") * cal.step("H100-SXM"))
     assert 1.0 < c.time_s / ideal < 1.15
 
 
@@ -257,7 +258,8 @@ def test_p2p_across_zones_is_capped_by_the_zone_link():
     assert cm.p2p_time_s((n, cfg), (n, cfg), pipeline_link(n, n, fast, intra_node=False)) == pytest.approx(inside)
     # mixed micro-batches on the two sides are not a pipeline
     with pytest.raises(SpecError, match="micro_batch"):
-        cm.p2p_time_s((n, cfg), (n, StageConfig(tp=8, dp=8, micro_batch_size=1)), pipeline_link(n, n, None, intra_node=False))
+        cm.p2p_time_s((n, cfg), (n, StageConfig(tp=8, dp=8, micro_batch_size=1)),
+                      pipeline_link(n, n, None, intra_node=False))
 
 
 def test_p2p_of_the_issue_example_is_about_thirteen_milliseconds():

@@ -9,7 +9,8 @@ from tangram_opt.cost.profiles import (SAILOR_MODELS, LayerProfile, ProfileEntry
                                        load_sailor_profile, sailor_profiles, save_profile)
 
 __all__ = [
-    "RECOMPUTE_MODES", "ZERO_STAGES", "LayerCost", "StageConfig", "Calibration", "CostModel", "pipeline_link", "PipelineLink",
+    "RECOMPUTE_MODES", "ZERO_STAGES", "LayerCost", "StageConfig", "Calibration", "CostModel", "pipeline_link",
+    "PipelineLink",
     "DEFAULT_CALIBRATION", "fit_calibration", "collective_time_s", "ATTENTION_KERNELS", "FP32_MATMUL_MODES",
     "model_flops_per_token", "SAILOR_MODELS", "LayerProfile", "ProfileEntry", "ProfileSet", "load_profile",
     "load_sailor_profile", "sailor_profiles", "save_profile",

@@ -503,8 +503,10 @@ class CostModel:
             mf = 6.0 * tokens * emb * m.hidden_size / cfg.tp if emb != m.hidden_size else 0.0
         else:
             act = 2.0 * e * t_sp * m.hidden_size  # final-norm input and LM-head input (sharded with SP)
-            # logits in the training dtype, their fp32 copy and its gradient (vocab-parallel)
-            transient = tokens * m.vocab_size / cfg.tp * (e + 8.0)
+            # logits in the training dtype and one fp32 buffer: Megatron's vocab-parallel cross
+            # entropy computes the softmax in place in the fp32 copy and turns it into the gradient
+            # in place in the backward (fused_vocab_parallel_cross_entropy / VocabParallelCrossEntropy)
+            transient = tokens * m.vocab_size / cfg.tp * (e + 4.0)
             emb = getattr(m, "embed_dim", None) or m.hidden_size
             proj = emb * m.hidden_size if emb != m.hidden_size else 0  # project_out (project_in: embedding)
             mf = 6.0 * tokens * (m.vocab_size * emb + proj) / cfg.tp

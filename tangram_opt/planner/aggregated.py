@@ -14,7 +14,8 @@ stage sits at distance P - 1, so ``P <= f_first``.
 
 What the aggregated model relaxes (so its optimum is a valid lower bound): p2p traffic is bounded
 below per boundary (the fastest path between its islands, and each stage's own side of it, not
-the pair's exact maximum), and the step tail only by counting arguments on the stages upstream. The decoded plan is ordered (island blocks, memory-feasible) and evaluated
+the pair's exact maximum), and the step tail only by counting arguments on the stages upstream.
+The decoded plan is ordered (island blocks, memory-feasible) and evaluated
 exactly; the gap between that exact value and the bound is what the certificate reports.
 Plan-space convention for models with dense-first layers (DeepSeek): all dense layers are on the
 first stage.
@@ -684,8 +685,6 @@ class AggregatedMIP:
         most n[s]) count the middle stages of type s with small tails next to a member of S and
         downstream of the first one (rows ``successors`` and ``successor_edges``), and each takes
         its backward and out-link off the cover of every row."""
-        p = self.problem
-        cands = p.candidates
         entries = []  # (tail, backward ticks rounded up, role, var, type, type index)
         for role, group in (("first", self.e), ("mid", self.n), ("last", self.h)):
             for si, var in group.items():
@@ -707,7 +706,6 @@ class AggregatedMIP:
         theta_min = 0.5 * lower
         succ_term = self._successor_term(md, entries, theta_min, out_lo, fl) if successors else LinExpr()
         succ_tail = {z.index: self.types["mid"][si].tail_s for si, z in self.succ.items()}
-        isl = lambda t: cands[t.candidate].island  # noqa: E731
         # Y + cover - (downstream links) >= least, as a coefficient dict
         base = {i: c for i, c in sent_ub.coefs.items()}
         base[Y.index] = base.get(Y.index, 0.0) + 1.0

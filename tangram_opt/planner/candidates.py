@@ -66,15 +66,20 @@ class Candidate:
         return int(free // per) if per > 0 else 10**9
 
     def fixed_bytes(self, inflight: int, *, first: bool, last: bool) -> float:
-        """Memory that does not scale with the layer count: embedding, head, scratch."""
-        b = self.layer_transient_bytes
+        """Memory that does not scale with the layer count: embedding, head, scratch. The scratch of
+        the pieces a stage runs one after another (a layer's backward working set, the embedding's
+        buffer, the head's logits) is never live at once: the largest counts, as in the simulator."""
+        b = 0.0
+        scratch = self.layer_transient_bytes
         if first:
             e = self.embedding
             b += e.static_bytes + e.activation_bytes * inflight
+            scratch = max(scratch, e.transient_bytes)
         if last:
             h = self.head
-            b += h.static_bytes + h.activation_bytes * inflight + h.transient_bytes
-        return b
+            b += h.static_bytes + h.activation_bytes * inflight
+            scratch = max(scratch, h.transient_bytes)
+        return b + scratch
 
     def memory_bytes(self, layers: dict[str, int], inflight: int, *, first: bool, last: bool) -> float:
         """Peak bytes per GPU of a stage holding ``layers`` (kind -> count)."""

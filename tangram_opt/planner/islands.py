@@ -82,7 +82,8 @@ def islands_report(cluster: Cluster, islands: tuple[Island, ...] | None = None) 
         lines.append(
             f"  [{isl.index}] {isl.name:<16} {isl.num_nodes:>4} nodes x {n.gpus_per_node} {n.gpu.name:<9} "
             f"= {isl.num_gpus:>5} GPUs  zone {isl.zone:<10} {n.intra_node_link} "
-            f"{n.intra_node_bw_bytes_per_s / u.GB_PER_S:.0f} GB/s/GPU, NIC {n.nic_bw_bytes_per_s / u.GBIT_PER_S:.0f} Gb/s/node")
+            f"{n.intra_node_bw_bytes_per_s / u.GB_PER_S:.0f} GB/s/GPU, "
+            f"NIC {n.nic_bw_bytes_per_s / u.GBIT_PER_S:.0f} Gb/s/node")
     if len(islands) > 1:
         lines.append("  pipeline links (each GPU sends its share through its NIC; shared link, latency):")
         for a in islands:

@@ -755,7 +755,7 @@ class _BranchAndBound:
         if self.formulation == "positional":
             return PositionalMIP(sub.problem, fopts).build()
         if sub.types is None:
-            sub.types = enumerate_types(sub.problem, cutoff)
+            sub.types = enumerate_types(sub.problem, fopts.cutoff_s)
             sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
         mip = AggregatedMIP(self.with_stages(sub.problem, stages), fopts, all_types=sub.types, lower_tmax_s=lo,
                             upper_tmax_s=hi, lower_tail_s=tail_lo, upper_tail_s=tail_hi, excluded_types=excluded)

@@ -344,7 +344,8 @@ def _opt(f: _Fields) -> dict[str, Any]:
     # OPTDecoderLayer: dropout (default 0.1) after self-attention and fc2, attention_dropout on the
     # probabilities, activation_dropout after fc1's activation (0.0 in every released OPT model)
     if f.probability("activation_dropout") > 0:
-        raise f.unsupported("activation_dropout", f.data["activation_dropout"], "dropout inside the MLP is not modelled",
+        raise f.unsupported("activation_dropout", f.data["activation_dropout"],
+                            "dropout inside the MLP is not modelled",
                             'set "activation_dropout": 0.0 (as in every released OPT model)')
     heads = _attention_heads(f, hidden, kv_key=None, read_head_dim=False)
     return {
@@ -390,7 +391,8 @@ def _gpt_neo(f: _Fields) -> dict[str, Any]:
     resid, embed = f.probability("resid_dropout"), f.probability("embed_dropout")
     if embed != resid:
         raise f.unsupported("embed_dropout", embed, f"an embedding dropout different from resid_dropout ({resid}) "
-                            "is not modelled", f'set "embed_dropout": {resid} (both are 0 in the released GPT-Neo models)')
+                            "is not modelled",
+                            f'set "embed_dropout": {resid} (both are 0 in the released GPT-Neo models)')
     return {
         "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": f.integer("intermediate_size", 4 * hidden),
         "vocab_size": f.integer("vocab_size"),

@@ -1,0 +1,1 @@
+"""Published end-to-end runs the cost model is checked against (see published.py)."""
