@@ -130,3 +130,64 @@ def test_sailor_link_bandwidths_are_read():
     bws = sailor_link_bandwidths()
     assert 240 * u.GB_PER_S < bws["A100-40"][2] < 250 * u.GB_PER_S
     assert set(bws["RTX-3090"]) == {2, 4, 8}
+
+
+def _profile_dict(**over) -> dict:
+    d = {"format": "tangram_opt.layer_profile", "version": 1, "model": "m", "gpu": "A100-80", "seq_len": 2048,
+         "precision": "bf16", "entries": [{"kind": "dense", "tp": 1, "micro_batch_size": 1, "fwd_s": 1e-3,
+                                           "bwd_s": 2e-3}]}
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"entries": []}, "profile.entries"),
+    ({"entries": [{"kind": "dense", "tp": 1, "micro_batch_size": 1, "fwd_s": 1e-3}]}, "profile.entries[0].bwd_s"),
+    ({"entries": [{"kind": "dense", "tp": 0, "micro_batch_size": 1, "fwd_s": 1e-3, "bwd_s": 1e-3}]},
+     "profile.entries[0].tp"),
+    ({"entries": [{"kind": "dense", "tp": 1, "micro_batch_size": 1, "fwd_s": -1.0, "bwd_s": 1e-3}]},
+     "profile.entries[0].fwd_s"),
+    ({"entries": [{"kind": "dense", "tp": 1, "micro_batch_size": 1, "fwd_s": float("nan"), "bwd_s": 1e-3}]},
+     "profile.entries[0].fwd_s"),
+    ({"seq_len": "2048"}, "profile.seq_len"),
+    ({"sequence_len": 2048}, "profile.sequence_len"),
+    ({"model_shape": {"hidden": 4096}}, "profile.model_shape.hidden"),
+    ({"precision": "int4"}, "profile.precision"),
+])
+def test_bad_profile_files_name_the_field(tmp_path, over, field):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_profile_dict(**over)))
+    with pytest.raises(FormatError) as exc:
+        load_profile(path)
+    assert exc.value.field == field and str(path) in str(exc.value)
+
+
+def test_profiles_of_another_run_are_refused_not_ignored(tmp_path):
+    from tangram_opt.cost import check_profiles, load_profiles, model_shape
+    from tangram_opt.cost.profiles import ProfileSet
+    from tangram_opt.specs import load_model as get_model
+
+    model = get_model("llama-3-8b")
+    shaped = _profile_dict(model="my-llama", model_shape=model_shape(model), seq_len=4096)
+    (tmp_path / "a100.json").write_text(json.dumps(shaped))
+    (tmp_path / "h100.json").write_text(json.dumps({**shaped, "gpu": "H100"}))
+    profiles = load_profiles(tmp_path)
+    assert len(profiles) == 2 and profiles.get("A100-80").model_shape == model_shape(model)
+    check_profiles(profiles, model, 4096, "bf16")  # the shape matches: another name is fine
+    with pytest.raises(SpecError) as exc:
+        check_profiles(profiles, model, 8192, "bf16")
+    assert exc.value.field == "profile.seq_len"
+    with pytest.raises(SpecError) as exc:
+        check_profiles(profiles, model, 4096, "fp32")
+    assert exc.value.field == "profile.precision"
+    with pytest.raises(SpecError) as exc:
+        check_profiles(profiles, get_model("llama-3-70b"), 4096, "bf16")
+    assert exc.value.field == "profile.model_shape.num_layers"
+    unnamed = ProfileSet([load_profile(tmp_path / "a100.json")])
+    bare = LayerProfile(model="other", gpu="A100-80", seq_len=4096, precision="bf16",
+                        entries=unnamed.get("A100-80").entries)
+    with pytest.raises(SpecError) as exc:
+        check_profiles(ProfileSet([bare]), model, 4096, "bf16")
+    assert exc.value.field == "profile.model"
+    with pytest.raises(FormatError):
+        load_profiles(tmp_path / "empty_dir_missing")

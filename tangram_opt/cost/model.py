@@ -141,8 +141,9 @@ class CostModel:
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, *, calibration: Calibration | None = None,
-                 moe_load_imbalance: float | Callable[[int, int], float] = 1.0, profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None
-                 = None, attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool | None = None):
+                 moe_load_imbalance: float | Callable[[int, int], float] = 1.0,
+                 profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None = None,
+                 attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool | None = None):
         if not callable(moe_load_imbalance):
             _check_imbalance(moe_load_imbalance)
         if attention_kernel != "auto" and attention_kernel not in ATTENTION_KERNELS:

@@ -15,6 +15,7 @@ File format (JSON, ``tangram_opt.layer_profile`` version 1)::
       "includes_tp_comm": true,                       # measured with real TP, all-reduces included
       "sequence_parallel": false,                     # how TP ran when measured
       "source": "free text: who measured it, how",
+      "model_shape": {"num_layers": 24, "hidden_size": 1024, ...},   # optional: checked against the model
       "entries": [
         {"kind": "dense", "tp": 1, "micro_batch_size": 1, "fwd_s": 0.00231, "bwd_s": 0.00591},
         {"kind": "embedding", ...}, {"kind": "head", ...}, {"kind": "moe", ...}
@@ -36,6 +37,7 @@ optimizer_s]}}}`` and converted by :func:`load_sailor_profile`.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +77,9 @@ class LayerProfile:
     sequence_parallel: bool = False
     source: str = ""
     notes: tuple[str, ...] = ()
+    #: the shape of the model measured (``MODEL_SHAPE_FIELDS``): planning refuses the profile for a
+    #: model of another shape; without it the profile's ``model`` must name the model planned
+    model_shape: Mapping[str, int] | None = field(default=None, compare=False)
     _index: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = field(
         init=False, default_factory=dict, compare=False, repr=False)
 
@@ -134,9 +139,10 @@ class LayerProfile:
         return max(f, f1 * b / m1 * 0.5), max(w, w1 * b / m1 * 0.5)
 
     def to_dict(self) -> dict[str, Any]:
+        shape = {"model_shape": dict(self.model_shape)} if self.model_shape else {}
         return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": self.model, "gpu": self.gpu,
                 "seq_len": self.seq_len, "precision": self.precision, "includes_tp_comm": self.includes_tp_comm,
-                "sequence_parallel": self.sequence_parallel, "source": self.source,
+                "sequence_parallel": self.sequence_parallel, "source": self.source, **shape,
                 "entries": [{"kind": e.kind, "tp": e.tp, "micro_batch_size": e.micro_batch_size,
                              "fwd_s": e.fwd_time_s, "bwd_s": e.bwd_time_s} for e in self.entries]}
 
@@ -181,20 +187,111 @@ def profile_from_dict(data: Any, *, source: str = "") -> LayerProfile:
     if missing:
         raise FormatError(f"profile.{missing[0]}", None, "is required but missing", f"add {missing[0]!r}",
                           source=source)
+    unknown = sorted(set(data) - set(_FILE_KEYS))
+    if unknown:
+        raise FormatError(f"profile.{unknown[0]}", data[unknown[0]], "is not a field of a layer profile",
+                          f"use {', '.join(_FILE_KEYS)}", source=source)
+    if not isinstance(data["entries"], list) or not data["entries"]:
+        raise FormatError("profile.entries", data["entries"], "must be a non-empty list",
+                          "give one entry per kind, tp and micro-batch size", source=source)
     entries = []
     for i, e in enumerate(data["entries"]):
-        try:
-            entries.append(ProfileEntry(kind=str(e["kind"]), tp=int(e["tp"]),
-                                        micro_batch_size=int(e["micro_batch_size"]),
-                                        fwd_time_s=float(e["fwd_s"]), bwd_time_s=float(e["bwd_s"])))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"profile.entries[{i}]", e, f"is malformed ({exc})",
-                              "give kind, tp, micro_batch_size, fwd_s and bwd_s", source=source) from None
-    return LayerProfile(model=str(data["model"]), gpu=str(data["gpu"]), seq_len=int(data["seq_len"]),
-                        precision=str(data["precision"]), entries=tuple(entries),
-                        includes_tp_comm=bool(data.get("includes_tp_comm", True)),
-                        sequence_parallel=bool(data.get("sequence_parallel", False)),
-                        source=str(data.get("source", source)))
+        if not isinstance(e, Mapping):
+            raise FormatError(f"profile.entries[{i}]", e, "must be an object", "give kind, tp, micro_batch_size, "
+                              "fwd_s and bwd_s", source=source)
+        for key in ("kind", "tp", "micro_batch_size", "fwd_s", "bwd_s"):
+            if key not in e:
+                raise FormatError(f"profile.entries[{i}].{key}", None, "is required but missing", f"add {key!r}",
+                                  source=source)
+        for key in ("tp", "micro_batch_size"):
+            if isinstance(e[key], bool) or not isinstance(e[key], int) or e[key] < 1:
+                raise FormatError(f"profile.entries[{i}].{key}", e[key], "must be an integer >= 1", "fix the entry",
+                                  source=source)
+        for key in ("fwd_s", "bwd_s"):
+            v = e[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise FormatError(f"profile.entries[{i}].{key}", v, "must be a finite time in seconds > 0",
+                                  "re-measure the entry", source=source)
+        entries.append(ProfileEntry(kind=str(e["kind"]), tp=e["tp"], micro_batch_size=e["micro_batch_size"],
+                                    fwd_time_s=float(e["fwd_s"]), bwd_time_s=float(e["bwd_s"])))
+    seq = data["seq_len"]
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise FormatError("profile.seq_len", seq, "must be an integer >= 1", "give the measured sequence length",
+                          source=source)
+    shape = data.get("model_shape")
+    if shape is not None:
+        if not isinstance(shape, Mapping):
+            raise FormatError("profile.model_shape", shape, "must be an object", "e.g. {hidden_size: 4096, ...}",
+                              source=source)
+        bad = sorted(set(shape) - set(MODEL_SHAPE_FIELDS))
+        if bad:
+            raise FormatError(f"profile.model_shape.{bad[0]}", shape[bad[0]], "is not a shape field",
+                              f"use {', '.join(MODEL_SHAPE_FIELDS)}", source=source)
+    try:
+        return LayerProfile(model=str(data["model"]), gpu=str(data["gpu"]), seq_len=seq,
+                            precision=str(data["precision"]), entries=tuple(entries),
+                            includes_tp_comm=bool(data.get("includes_tp_comm", True)),
+                            sequence_parallel=bool(data.get("sequence_parallel", False)),
+                            source=str(data.get("source", source)),
+                            model_shape=None if shape is None else {k: int(v) for k, v in shape.items()})
+    except SpecError as e:
+        raise FormatError(e.field, e.value, e.problem, e.fix, source=source) from None
+
+
+#: keys a layer-profile file may hold
+_FILE_KEYS = ("format", "version", "model", "gpu", "seq_len", "precision", "includes_tp_comm", "sequence_parallel",
+              "source", "model_shape", "entries")
+#: the model fields a profile's ``model_shape`` records (everything that sizes a block's work)
+MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+                      "head_dim", "vocab_size", "num_experts", "top_k", "expert_ffn_hidden_size")
+
+
+def model_shape(model: ModelSpec) -> dict[str, int]:
+    """The ``model_shape`` record of ``model`` (what a profile of it must match)."""
+    shape = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+             "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+             "num_kv_heads": model.kv_heads, "head_dim": model.head_size, "vocab_size": model.vocab_size}
+    if model.moe is not None:
+        shape.update(num_experts=model.moe.num_experts, top_k=model.moe.top_k,
+                     expert_ffn_hidden_size=model.moe.expert_ffn_hidden_size)
+    return shape
+
+
+def check_profiles(profiles: ProfileSet, model: ModelSpec, seq_len: int, precision: str) -> None:
+    """Refuse profiles that do not describe this training run, naming the field: another model
+    shape (or, without a recorded shape, another model name), another sequence length, another
+    precision class (16-bit against fp32/TF32). A profile is never silently ignored."""
+    want = model_shape(model)
+    for p in profiles:
+        where = f"profile {p.model}/{p.gpu}" + (f" ({p.source})" if p.source else "")
+        if p.model_shape is not None:
+            diff = {k: (v, want.get(k)) for k, v in p.model_shape.items() if want.get(k) != v}
+            if diff:
+                k, (got, exp) = next(iter(diff.items()))
+                raise SpecError(f"profile.model_shape.{k}", got, f"{where} was measured on another model "
+                                f"({model.name} has {k} = {exp})", f"profile {model.name} itself (tangram-opt profile)")
+        elif p.model.strip().lower() != model.name.strip().lower():
+            raise SpecError("profile.model", p.model, f"{where} has no model_shape and names another model than "
+                            f"{model.name!r}", f"re-measure with 'tangram-opt profile --model {model.name}' (it "
+                            "records the shape), or add a model_shape")
+        if p.seq_len != seq_len:
+            raise SpecError("profile.seq_len", p.seq_len, f"{where} was measured at sequence length {p.seq_len}, "
+                            f"the run trains at {seq_len}", f"profile with --seq {seq_len}")
+        if (p.precision in ("fp32", "tf32")) != (precision == "fp32"):
+            raise SpecError("profile.precision", p.precision, f"{where} was measured in {p.precision}, the run "
+                            f"trains in {precision}", f"profile with --precision {precision}")
+
+
+def load_profiles(path: str | Path) -> ProfileSet:
+    """One profile file, or every ``*.json`` profile in a directory, as a :class:`ProfileSet`."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.json"))
+        if not files:
+            raise FormatError("profiles", str(p), "holds no *.json layer profile",
+                              "point at the directory 'tangram-opt profile --output' wrote")
+        return ProfileSet(load_profile(f) for f in files)
+    return ProfileSet([load_profile(p)])
 
 
 def load_profile(path: str | Path) -> LayerProfile:
