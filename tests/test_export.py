@@ -65,10 +65,10 @@ def make_plan(pipes: list[tuple[list[StagePlan], int, int]], *, model: str = "ll
                 cluster_peak_flops_per_s=2.5e15, island_gpus={"a100": 8, "v100": 16}, certificate=cert)
 
 
-def single_job_plan() -> Plan:
+def single_job_plan(precision: str = "fp16") -> Plan:
     """tiny-mixed, llama-3-8b (32 layers): one part (tp1 cp1 dp8, ZeRO-1), uneven layers 16/8/8."""
     return make_plan([([stage("a100", 8, (0, 16), emb=True), stage("v100", 8, (16, 8)),
-                        stage("v100", 8, (24, 8), head=True)], 8, 8)])
+                        stage("v100", 8, (24, 8), head=True)], 8, 8)], precision=precision)
 
 
 def hetero_plan() -> Plan:
@@ -202,6 +202,10 @@ MEGATRON_FLAGS = {
     "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--kv-lora-rank",
     "--q-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts", "--moe-router-topk",
     "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
+    "--moe-token-dispatcher-type", "--moe-router-score-function", "--moe-router-enable-expert-bias",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-topk-scaling-factor",
+    "--moe-router-pre-softmax", "--moe-shared-expert-gate", "--rotary-base", "--rope-type",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--use-rope-scaling", "--rope-scaling-factor",
 }
 
 
@@ -347,21 +351,34 @@ def test_deepspeed_single_job_config_is_consistent():
     assert any("selective" in n for n in deepspeed_notes(plan))
 
 
-def test_deepspeed_full_recompute_and_pipeline_zero2_notes():
-    plan = make_plan([([stage("v100", 8, (0, 16), emb=True, zero=2, recompute="full"),
-                        stage("v100", 8, (16, 16), head=True, zero=2, recompute="full")], 8, 8)])
-    (p,) = deepspeed_parts(plan)
+def test_deepspeed_full_recompute_and_pipeline_zero2_is_refused():
+    def plan_with(zero: int) -> Plan:
+        return make_plan([([stage("v100", 8, (0, 16), emb=True, zero=zero, recompute="full"),
+                            stage("v100", 8, (16, 16), head=True, zero=zero, recompute="full")], 8, 8)])
+
+    (p,) = deepspeed_parts(plan_with(1))
+    assert not p.refusals
     assert set(p.config["activation_checkpointing"]) == {"partition_activations", "cpu_checkpointing",
                                                          "contiguous_memory_optimization",
                                                          "synchronize_checkpoint_boundary"}
-    assert any("ZeRO stage 0 or 1" in n for n in p.notes)
+    assert any("mpu" in n and "data-parallel world size is 8" in n for n in p.notes)
+    (p,) = deepspeed_parts(plan_with(2))
+    assert p.config == {} and len(p.refusals) == 1
+    assert "ZeRO <= 1" in p.refusals[0] and "--launch deepspeed" in p.refusals[0]
+    with pytest.raises(SpecError, match="ZeRO <= 1"):
+        deepspeed_config(plan_with(2))
 
 
 def test_deepspeed_multi_part_listing_parses():
     doc = json.loads(deepspeed_json(hetero_plan()))
     assert doc["single_job"] is False and len(doc["parts"]) == 3
+    assert doc["nearest_fix"] == "plan with --launch deepspeed"
     for part in doc["parts"]:
-        assert set(part["config"]) <= DEEPSPEED_KEYS
+        assert ("config" in part) != ("refused" in part)
+        if "config" in part:
+            assert set(part["config"]) <= DEEPSPEED_KEYS
+    # stages 1-2 are a 2-stage pipeline with ZeRO-2: the pipeline engine refuses it
+    assert "refused" in doc["parts"][1] and "config" in doc["parts"][0]
 
 
 # --- torchtitan -----------------------------------------------------------------------------------------
@@ -387,7 +404,7 @@ def _check_torchtitan_doc(doc: dict, world: int) -> None:
 
 
 def test_torchtitan_single_job_toml_parses_and_is_consistent():
-    plan = single_job_plan()
+    plan = single_job_plan(precision="bf16")
     doc = tomllib.loads(torchtitan_toml(plan))
     _check_torchtitan_doc(doc, plan.gpus_used)
     par, tr = doc["parallelism"], doc["training"]
@@ -395,7 +412,7 @@ def test_torchtitan_single_job_toml_parses_and_is_consistent():
     fqns = par["module_fqns_per_model_part"]
     layers = [n for part in fqns for n in part if n.startswith("layers.")]
     assert layers == [f"layers.{i}" for i in range(32)]
-    assert fqns[0][0] == "tok_embeddings" and fqns[-1][-2:] == ["norm", "output"]
+    assert fqns[0][0] == "tok_embeddings" and fqns[-1][-2:] == ["norm", "output"]  # 0.2 names the head output
     assert [sum(n.startswith("layers.") for n in part) for part in fqns] == [16, 8, 8]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     assert tr["global_batch_size"] == plan.global_batch_size == tr["local_batch_size"] * dp
@@ -403,35 +420,63 @@ def test_torchtitan_single_job_toml_parses_and_is_consistent():
     assert doc["activation_checkpoint"]["mode"] == "selective"
 
 
-def test_torchtitan_multi_part_documents_each_parse():
-    plan = hetero_plan()
+def test_torchtitan_current_release_gets_command_line_overrides(cluster, model):
+    plan = single_job_plan(precision="bf16")
+    (p,) = torchtitan_parts(plan, cluster, model=model)
+    args = p.args()
+    assert args[-1] == "activation-checkpoint:selective" and "--training.disable_cuda_graphs" in args
+    fq = args[args.index("--parallelism.module_fqns_per_model_part") + 1:][:3]
+    assert fq[0].startswith("tok_embeddings,layers.0") and fq[2].endswith("norm,lm_head")  # 0.3 names it lm_head
+    from tangram_opt.export import torchtitan_script
+
+    text = torchtitan_script(plan, cluster, model=model)
+    assert '--module "llama3" --config "llama3_8b"' in text and text.count("-m torchtitan.train") == 3
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_torchtitan_refuses_fp16_and_parts_of_pipelines():
+    (p,) = torchtitan_parts(single_job_plan())
+    assert p.args() == [] and "fp16" in p.refusals[0] and "--precision bf16" in p.refusals[0]
+    plan = make_plan([([stage("a100", 4, (0, 9), tp=2, cp=2, zero=1, emb=True),
+                        stage("v100", 8, (9, 8), cp=8, zero=1), stage("v100", 8, (17, 8), cp=8, zero=1),
+                        stage("a100", 4, (25, 7), cp=4, zero=1, head=True)], 1, 64)], precision="bf16")
     text = torchtitan_toml(plan)
-    docs = [tomllib.loads(d) for d in split_documents(text)]
-    parts = torchtitan_parts(plan)
-    assert len(docs) == len(parts) == 3
-    for d, p in zip(docs, parts):
-        _check_torchtitan_doc(d, p.part.world_size)
+    assert "NOT one torchtitan job" in text and "--launch torchtitan" in text
+    for d, p in zip(split_documents(text), torchtitan_parts(plan)):
+        assert p.refusals and "NOT WRITTEN" in d and tomllib.loads(d) == {}
+
+
+def test_torchtitan_0_2_refuses_ddp_with_other_dimensions():
+    plan = make_plan([([stage("a100", 8, (0, 32), tp=2, zero=0, emb=True, head=True)], 4, 16)], precision="bf16")
+    (p2,) = torchtitan_parts(plan, version="0.2")
+    assert any("DDP has not supported > 1D parallelism" in r for r in p2.refusals)
+    (p3,) = torchtitan_parts(plan, version="0.3")
+    assert not p3.refusals and p3.config["parallelism"]["data_parallel_replicate_degree"] == 4
 
 
 # --- writing files --------------------------------------------------------------------------------------
 
 def test_write_exports_single_job(tmp_path, cluster, model):
-    files = write_exports(plan_file(single_job_plan(), cluster, model), ("megatron", "deepspeed", "torchtitan"),
-                          tmp_path)
-    assert sorted(f.name for f in files) == ["deepspeed.json", "megatron_args.sh", "torchtitan.toml"]
+    formats = ("megatron", "deepspeed", "torchtitan", "torchtitan-0.2")
+    files = write_exports(plan_file(single_job_plan(precision="bf16"), cluster, model), formats, tmp_path)
+    assert sorted(f.name for f in files) == ["deepspeed.json", "megatron_args.sh", "torchtitan.sh", "torchtitan.toml"]
     tomllib.loads((tmp_path / "torchtitan.toml").read_text())
     json.loads((tmp_path / "deepspeed.json").read_text())
 
 
-def test_write_exports_multi_part_writes_one_config_per_part(tmp_path, cluster, model):
-    files = {f.name for f in write_exports(plan_file(hetero_plan(), cluster, model), ("deepspeed", "torchtitan"),
-                                           tmp_path)}
-    assert {"deepspeed.json", "deepspeed_part0.json", "torchtitan_part2.toml"} <= files
+def test_write_exports_leaves_out_refused_parts_and_says_why(tmp_path, cluster, model):
+    from tangram_opt.export import export_notes
+
+    pf = plan_file(hetero_plan(), cluster, model)
+    files = {f.name for f in write_exports(pf, ("deepspeed", "torchtitan", "torchtitan-0.2"), tmp_path)}
+    # part 1 (ZeRO-2 over 2 stages) is refused by DeepSpeed; torchtitan refuses every part of a pipeline
+    assert files == {"deepspeed.json", "deepspeed_part0.json", "deepspeed_part2.json"}
     for name in files:
-        if name.endswith(".toml"):
-            tomllib.loads((tmp_path / name).read_text())
-        else:
-            json.loads((tmp_path / name).read_text())
+        json.loads((tmp_path / name).read_text())
+    notes = export_notes("torchtitan", pf)
+    assert len(notes) >= 3 and all(n.startswith("not written: ") for n in notes)
+    assert any("ZeRO <= 1" in n for n in export_notes("deepspeed", pf))
 
 
 def test_written_plan_files_match_the_documented_json_schema(tmp_path, cluster, model):

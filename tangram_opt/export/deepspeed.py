@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tangram_opt.export.launch import part_refusals
 from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts, replica_notes, single_job
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster
@@ -32,6 +33,8 @@ class DeepSpeedPart:
     part: Part
     config: dict[str, Any]
     notes: tuple[str, ...]
+    #: why DeepSpeed's own checks reject this part; then no ds_config is written for it
+    refusals: tuple[str, ...] = ()
 
 
 def _config(part: Part, precision: str) -> tuple[dict[str, Any], list[str]]:
@@ -60,9 +63,12 @@ def _config(part: Part, precision: str) -> tuple[dict[str, Any], list[str]]:
                      + ("" if len(set(part.layer_counts)) == 1 else
                         "; DeepSpeed's partition_method ('parameters', 'uniform', 'type:<regex>') cannot state "
                         "explicit per-stage counts"))
-        if part.zero >= 2:
-            notes.append(f"ZeRO-{part.zero} with pipeline parallelism: DeepSpeed's PipelineEngine accepts ZeRO "
-                         "stage 0 or 1 only (deepspeed/runtime/pipe/engine.py)")
+    if part.world_size != part.dp:
+        notes.append(f"data-parallel size {part.dp} of {part.world_size} ranks: DeepSpeed checks train_batch_size = "
+                     f"micro-batch x accumulation x data-parallel size with the size its mpu reports, so initialize "
+                     f"with a PipelineModule (num_stages={part.pp}) or an mpu whose data-parallel world size is "
+                     f"{part.dp}; launched without one, DeepSpeed takes all {part.world_size} ranks as data-parallel "
+                     "and rejects the batch sizes")
     if part.tp > 1:
         notes.append(f"tensor parallelism {part.tp}: set in the model code (e.g. Megatron-DeepSpeed "
                      f"--tensor-model-parallel-size {part.tp})")
@@ -79,7 +85,9 @@ def deepspeed_parts(plan: Plan, cluster: Cluster | None = None) -> tuple[DeepSpe
     out = []
     for i, part in enumerate(homogeneous_parts(plan, cluster)):
         cfg, notes = _config(part, plan.precision)
-        out.append(DeepSpeedPart(name=f"part{i}", part=part, config=cfg, notes=tuple(notes)))
+        refusals = tuple(part_refusals(part, "deepspeed", seq_len=plan.seq_len, precision=plan.precision))
+        out.append(DeepSpeedPart(name=f"part{i}", part=part, config={} if refusals else cfg, notes=tuple(notes),
+                                 refusals=refusals))
     return tuple(out)
 
 
@@ -89,6 +97,10 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     parts = deepspeed_parts(plan)
     if len(parts) != 1:
         raise ValueError(f"the plan has {len(parts)} homogeneous parts; use deepspeed_parts()")
+    if parts[0].refusals:
+        from tangram_opt.errors import SpecError
+
+        raise SpecError("plan", plan.model, "; ".join(parts[0].refusals), "plan with --launch deepspeed")
     return parts[0].config
 
 
@@ -97,11 +109,14 @@ def deepspeed_json(plan: Plan, cluster: Cluster | None = None) -> str:
     otherwise ``{"single_job", "why_not_one_job", "parts": [{"part", "label", "ranks", "config", "notes"}]}``
     where each ``config`` is one ds_config.json."""
     parts = deepspeed_parts(plan, cluster)
-    if single_job(tuple(p.part for p in parts)):
+    one = single_job(tuple(p.part for p in parts))
+    if one and not parts[0].refusals:
         return json.dumps(parts[0].config, indent=2) + "\n"
-    doc = {"tangram_opt_export": "deepspeed", "single_job": single_job(tuple(p.part for p in parts)),
-           "why_not_one_job": heterogeneity_notes(tuple(p.part for p in parts)),
-           "parts": [{"part": p.name, "label": p.part.label, "ranks": p.part.rank_text, "config": p.config,
+    doc = {"tangram_opt_export": "deepspeed", "single_job": False,
+           "why_not_one_job": heterogeneity_notes(tuple(p.part for p in parts)) + [r for p in parts for r in p.refusals],
+           "nearest_fix": "plan with --launch deepspeed",
+           "parts": [{"part": p.name, "label": p.part.label, "ranks": p.part.rank_text,
+                      **({"refused": list(p.refusals)} if p.refusals else {"config": p.config}),
                       "notes": list(p.notes)} for p in parts]}
     if len(plan.pipelines) > 1:
         doc["pipelines"] = replica_notes(plan, cluster)
@@ -112,7 +127,8 @@ def deepspeed_notes(plan: Plan) -> list[str]:
     """What a single-job plan needs beyond its ds_config.json (empty for multi-part plans, whose
     notes are inside :func:`deepspeed_json`)."""
     parts = deepspeed_parts(plan)
-    return list(parts[0].notes) if single_job(tuple(p.part for p in parts)) else []
+    refused = [f"not written: {r}" for p in parts for r in p.refusals]
+    return (list(parts[0].notes) if single_job(tuple(p.part for p in parts)) else []) + refused
 
 
 __all__ = ["DeepSpeedPart", "deepspeed_config", "deepspeed_json", "deepspeed_notes", "deepspeed_parts", "SOURCE"]

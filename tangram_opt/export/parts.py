@@ -5,14 +5,16 @@ parallel size, ZeRO stage, recomputation mode and micro-batch size for the whole
 plan may give each stage its own. A *part* is a maximal run of consecutive stages of one pipeline
 that share all of those (the GPU type may differ: the frameworks do not look at it). A plan with one
 pipeline made of one part can be launched as one job; anything else needs what docs/exports.md,
-"What a heterogeneous plan needs", lists.
+"What a heterogeneous plan needs", lists. Several *identical* pipelines (same stages, layers and
+micro-batches; :func:`~tangram_opt.export.ranks.identical_pipelines`) are one pipeline to a framework:
+their parts are merged into one with dp x pipelines.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tangram_opt.export.ranks import StageRanks, assign_ranks
+from tangram_opt.export.ranks import StageRanks, assign_ranks, identical_pipelines
 from tangram_opt.planner.plan import Plan, StagePlan
 from tangram_opt.specs.cluster import Cluster
 
@@ -30,6 +32,8 @@ class Part:
     schedule: str
     pipeline_stages: int
     num_pipelines: int
+    #: identical pipelines merged into this part (1: none); its stages then hold dp x replicas ranks
+    replicas: int = 1
 
     # the shared configuration (short names inside, long names at the framework boundary)
     @property
@@ -111,23 +115,53 @@ def _key(s: StagePlan) -> tuple:
     return (s.tp, s.cp, s.dp, s.ep, s.zero, s.recompute, s.micro_batch_size)
 
 
+def _joined(names: list[str]) -> str:
+    return "+".join(dict.fromkeys(names))
+
+
+def _merged_parts(plan: Plan, ranks: tuple[StageRanks, ...]) -> tuple[Part, ...]:
+    """Identical pipelines as one: stage k of every pipeline becomes one stage with dp x pipelines."""
+    P = len(plan.pipelines)
+    pipe = plan.pipelines[0]
+    by_stage: dict[int, list[StageRanks]] = {}
+    for r in sorted(ranks, key=lambda r: r.first_rank):
+        by_stage.setdefault(r.stage, []).append(r)
+    stages, merged_ranks = [], []
+    for k, st in enumerate(pipe.stages):
+        rs = by_stage[k]
+        island = _joined([r.island for r in rs])
+        gpu = _joined([r.gpu for r in rs])
+        stages.append(replace(st, gpus=st.gpus * P, dp=st.dp * P, island=island, gpu=gpu))
+        merged_ranks.append(StageRanks(pipeline=0, stage=k, island=island, gpu=gpu, first_rank=rs[0].first_rank,
+                                       num_ranks=sum(r.num_ranks for r in rs),
+                                       slices=tuple(sl for r in rs for sl in r.slices)))
+    one = replace(pipe, stages=tuple(stages), pipeline_micro_batch=pipe.pipeline_micro_batch * P)
+    return _split(one, 0, merged_ranks, num_pipelines=1, replicas=P)
+
+
+def _split(pipe, pi: int, ranks: list[StageRanks], *, num_pipelines: int, replicas: int = 1) -> tuple[Part, ...]:
+    runs: list[list[int]] = []
+    for k, st in enumerate(pipe.stages):
+        if runs and _key(pipe.stages[runs[-1][-1]]) == _key(st):
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return tuple(Part(pipeline=pi, stage_indices=tuple(run), stages=tuple(pipe.stages[k] for k in run),
+                      ranks=tuple(ranks[k] for k in run), num_micro_batches=pipe.num_micro_batches,
+                      pipeline_micro_batch=pipe.pipeline_micro_batch, schedule=pipe.schedule,
+                      pipeline_stages=pipe.num_stages, num_pipelines=num_pipelines, replicas=replicas)
+                 for run in runs)
+
+
 def homogeneous_parts(plan: Plan, cluster: Cluster | None = None) -> tuple[Part, ...]:
-    """The plan's parts, pipeline by pipeline, in stage order."""
+    """The plan's parts, pipeline by pipeline, in stage order (identical pipelines merged into one)."""
     ranks = assign_ranks(plan, cluster)
+    if identical_pipelines(plan):
+        return _merged_parts(plan, ranks)
     by_stage = {(r.pipeline, r.stage): r for r in ranks}
     out: list[Part] = []
     for pi, pipe in enumerate(plan.pipelines):
-        runs: list[list[int]] = []
-        for k, st in enumerate(pipe.stages):
-            if runs and _key(pipe.stages[runs[-1][-1]]) == _key(st):
-                runs[-1].append(k)
-            else:
-                runs.append([k])
-        for run in runs:
-            out.append(Part(pipeline=pi, stage_indices=tuple(run), stages=tuple(pipe.stages[k] for k in run),
-                            ranks=tuple(by_stage[(pi, k)] for k in run), num_micro_batches=pipe.num_micro_batches,
-                            pipeline_micro_batch=pipe.pipeline_micro_batch, schedule=pipe.schedule,
-                            pipeline_stages=pipe.num_stages, num_pipelines=len(plan.pipelines)))
+        out += _split(pipe, pi, [by_stage[(pi, k)] for k in range(pipe.num_stages)], num_pipelines=len(plan.pipelines))
     return tuple(out)
 
 
@@ -185,8 +219,9 @@ def cross_pipeline_groups(plan: Plan, cluster: Cluster | None = None) -> tuple[S
 
 
 def replica_notes(plan: Plan, cluster: Cluster | None = None) -> list[str]:
-    """What a launcher needs to run several pipelines with uneven batch shares (empty for one pipeline)."""
-    if len(plan.pipelines) < 2:
+    """What a launcher needs to run several pipelines with uneven batch shares (empty for one pipeline,
+    and for identical pipelines, which one job runs as a larger data-parallel group)."""
+    if len(plan.pipelines) < 2 or identical_pipelines(plan):
         return []
     B = sum(p.sequences_per_step for p in plan.pipelines)
     notes = [f"{len(plan.pipelines)} pipelines with batch shares "

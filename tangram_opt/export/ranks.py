@@ -1,7 +1,9 @@
 """Where each stage's GPUs are: global ranks, and (given the cluster) node and local GPU indices.
 
 Ranks are numbered pipeline by pipeline, stage by stage: stage ``k`` of pipeline ``p`` owns the
-``gpus`` consecutive ranks after every earlier stage's. Inside a stage the order is tp fastest,
+``gpus`` consecutive ranks after every earlier stage's. Identical pipelines (:func:`identical_pipelines`)
+are one job with a larger data-parallel group, so their ranks are numbered stage by stage: stage ``k``
+of every pipeline, pipeline 0 first, then stage ``k + 1``. Inside a stage the order is tp fastest,
 then cp, then dp, which is Megatron-LM's default rank order (``tp-cp-ep-dp-pp``, pp slowest), so a
 single-part plan's rank ``r`` is the rank Megatron-LM expects at that position.
 
@@ -82,15 +84,36 @@ def assign_ranks(plan: Plan, cluster: Cluster | None = None) -> tuple[StageRanks
                                         for name, nodes in islands.items()}
     out: list[StageRanks] = []
     rank = 0
-    for pi, pipe in enumerate(plan.pipelines):
-        for k, st in enumerate(pipe.stages):
-            slices: tuple[NodeSlice, ...] = ()
-            if cluster is not None:
-                slices = _place(islands, free, st.island, st.gpus, rank, where=f"pipelines[{pi}].stages[{k}]")
-            out.append(StageRanks(pipeline=pi, stage=k, island=st.island, gpu=st.gpu, first_rank=rank,
-                                  num_ranks=st.gpus, slices=slices))
-            rank += st.gpus
-    return tuple(out)
+    if identical_pipelines(plan):
+        # one job with dp x pipelines: stage k of every pipeline forms one contiguous rank block
+        # (pipeline p at offset p x gpus), so the data-parallel index is p x dp + d and pp stays slowest
+        order = [(pi, k) for k in range(plan.pipelines[0].num_stages) for pi in range(len(plan.pipelines))]
+    else:
+        order = [(pi, k) for pi, pipe in enumerate(plan.pipelines) for k in range(pipe.num_stages)]
+    for pi, k in order:
+        st = plan.pipelines[pi].stages[k]
+        slices: tuple[NodeSlice, ...] = ()
+        if cluster is not None:
+            slices = _place(islands, free, st.island, st.gpus, rank, where=f"pipelines[{pi}].stages[{k}]")
+        out.append(StageRanks(pipeline=pi, stage=k, island=st.island, gpu=st.gpu, first_rank=rank,
+                              num_ranks=st.gpus, slices=slices))
+        rank += st.gpus
+    return tuple(sorted(out, key=lambda r: (r.pipeline, r.stage)))
+
+
+def _shape(plan: Plan, pi: int) -> tuple:
+    """What a stock framework sees of pipeline ``pi``: per-stage layout and layers, and the schedule."""
+    pipe = plan.pipelines[pi]
+    return (pipe.pipeline_micro_batch, pipe.num_micro_batches, pipe.schedule,
+            tuple((s.tp, s.cp, s.dp, s.ep, s.zero, s.recompute, s.micro_batch_size, s.first_layer,
+                   s.num_dense_layers, s.num_moe_layers, s.has_embedding, s.has_head) for s in pipe.stages))
+
+
+def identical_pipelines(plan: Plan) -> bool:
+    """Whether the plan has several pipelines that a framework cannot tell apart: same stages (parallel
+    layout, ZeRO, recomputation, micro-batch, layers) and same micro-batch count. GPU types may differ.
+    Such pipelines are one job whose data-parallel size is dp x pipelines."""
+    return len(plan.pipelines) > 1 and all(_shape(plan, pi) == _shape(plan, 0) for pi in range(len(plan.pipelines)))
 
 
 def _island_nodes(cluster: Cluster) -> dict[str, list[tuple[str, int, int]]]:
@@ -171,4 +194,4 @@ def node_launches(ranks: tuple[StageRanks, ...]) -> tuple[NodeLaunch, ...] | Non
     return tuple(out)
 
 
-__all__ = ["NodeSlice", "StageRanks", "assign_ranks", "NodeLaunch", "node_launches"]
+__all__ = ["NodeSlice", "StageRanks", "assign_ranks", "identical_pipelines", "NodeLaunch", "node_launches"]
