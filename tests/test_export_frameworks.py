@@ -354,6 +354,7 @@ def test_megatron_lm_validate_args_accepts_launchable_plans(mcore, name, plan, p
     ex = megatron_export(plan, model=to.load_model(preset))
     b = ex.blocks[0]
     code = ("import sys, warnings; warnings.filterwarnings('ignore'); sys.path.insert(0, sys.argv[1]); "
+            "import megatron.training.arguments as A; A.get_device_arch_version = lambda: 9; "  # no GPU: Hopper
             "from megatron.training.arguments import parse_args, validate_args, core_transformer_config_from_args; "
             "sys.argv = sys.argv[1:]; a = parse_args(); validate_args(a); c = core_transformer_config_from_args(a); "
             "print('DP', a.data_parallel_size)")
@@ -362,7 +363,7 @@ def test_megatron_lm_validate_args_accepts_launchable_plans(mcore, name, plan, p
     if b.env[:1] != ("-u",):
         env.update(dict(e.split("=", 1) for e in b.env))
     argv = list(ex.model_args) + b.argv() + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "32000",
-                                               "--mock-data"]
+                                               "--mock-data", "--no-rope-fusion", "--transformer-impl", "local"]
     res = subprocess.run([sys.executable, "-c", code, os.environ["MEGATRON_LM"], *argv], capture_output=True, text=True,
                          env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
