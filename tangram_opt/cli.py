@@ -151,6 +151,13 @@ EXAMPLES = {
   tangram-opt experts --profile zipf --experts 64 --ranks 16 --nodes 2 --slots 5
   tangram-opt experts --loads loads.json --ranks 8 --nodes 1 --slots 9 --method greedy
 """,
+    "profile": """examples:
+  tangram-opt profile --model llama-3-8b --seq 4096 --micro-batch-sizes 1,2,4 --tp 1,2,4 --output profiles/
+  tangram-opt profile --model llama-3-8b --gpu-name V100-16 --precision fp16 --seq 4096 --tp 2,4 --output profiles/
+  tangram-opt profile --model tiny.json --gpu-name A100-40 --device cpu --precision fp32 --seq 32 \\
+      --micro-batch-sizes 1,2 --tp 1,2 --output /tmp/prof     # CPU: tests the workflow, not a GPU's speed
+  then: tangram-opt plan --cluster my_cluster.yaml --model llama-3-8b --seq 4096 --profiles profiles/
+""",
     "bench": """examples:
   tangram-opt bench --quick
   tangram-opt bench --scenarios h100-64-llama-3-8b --out /tmp/bench   # other arguments go to benchmarks.run
@@ -215,6 +222,12 @@ docs: docs/cli.md""")
     pl.add_argument("--micro-batch-sizes", type=_int_list, metavar="LIST",
                     help="allowed per-rank micro-batch sizes (default 1,2,4,8)")
     pl.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    pl.add_argument("--profiles", metavar="PATH",
+                    help="measured layer profiles: a file or a directory of them ('tangram-opt profile' writes them); "
+                         "they replace computed compute time for the GPU types they cover")
+    pl.add_argument("--calibration", metavar="FILE",
+                    help="calibration file (YAML/JSON; 'tangram-opt calibrate' writes one) replacing the shipped "
+                         "efficiency table for the GPU types it names")
     pl.add_argument("--no-warm-start", action="store_true", help="do not seed the MIP with the greedy plan")
     pl.add_argument("--output", "-o", metavar="PLAN_JSON", help="write the plan file (plan + cluster + model + "
                                                                 "training; see docs/cli.md)")
@@ -278,6 +291,43 @@ docs: docs/cli.md""")
     ex.add_argument("--time-limit", type=_seconds, default=10.0, metavar="S", help="per layer (default 10)")
     ex.add_argument("--backend", default=None, help="MIP backend (default highs)")
     ex.add_argument("--output", "-o", metavar="JSON", help="write the placement(s) as JSON")
+
+    # profile ---------------------------------------------------------------------------------------
+    pr = verb("profile", "measure a model's layers on this machine's GPU and write a layer profile",
+              "Time one tensor-parallel rank of the model's transformer block(s), embedding and head (final norm + "
+              "LM head + loss), forward and backward, on the local device for each --tp and micro-batch size, and "
+              "write a tangram_opt.layer_profile JSON file into --output for 'plan --profiles'. TP collectives are "
+              "not measured (the cost model adds them). Needs PyTorch: pip install 'tangram_opt[profile]'. "
+              "See docs/user_guide/profiling.md.")
+    pr.add_argument("--model", required=True, help="model preset (see 'tangram-opt models'), Hugging Face "
+                                                   "config.json or model directory, or tangram model YAML/JSON")
+    pr.add_argument("--gpu-name", metavar="NAME", help="catalog GPU type the file stands for, e.g. A100-80 (default: "
+                                                       "recognized from the CUDA device; required on the CPU)")
+    pr.add_argument("--seq", type=_positive_int, default=4096, metavar="N",
+                    help="sequence length in tokens; must be the one you plan with (default 4096)")
+    pr.add_argument("--micro-batch-sizes", type=_int_list, default=(1, 2, 4), metavar="LIST",
+                    help="micro-batch sizes to measure, e.g. 1,2,4 (default 1,2,4)")
+    pr.add_argument("--tp", type=_int_list, default=(1,), metavar="LIST",
+                    help="tensor-parallel degrees to measure (one rank's shard each), e.g. 1,2,4 (default 1)")
+    pr.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32", "tf32"), default="auto",
+                    help="auto = bf16 on GPUs that have it, fp16 on older GPUs, fp32 on the CPU (default auto)")
+    pr.add_argument("--device", default="auto", metavar="DEV",
+                    help="auto (CUDA if present, else CPU), cpu, cuda or cuda:N (default auto)")
+    pr.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                    help="sdpa: torch scaled_dot_product_attention (flash where available); eager: materialized "
+                         "scores (default sdpa)")
+    pr.add_argument("--ep", type=_positive_int, default=1, metavar="N",
+                    help="MoE: measure one expert-parallel rank (num_experts / N experts) (default 1)")
+    pr.add_argument("--kinds", type=_str_list, metavar="LIST",
+                    help="layer kinds to measure: dense, moe, embedding, head (default: all of the model's)")
+    pr.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed passes per entry (default 3)")
+    pr.add_argument("--repeats", type=_positive_int, default=10, metavar="N",
+                    help="timed passes per entry; the median is recorded (default 10)")
+    pr.add_argument("--output", "-o", required=True, metavar="DIR",
+                    help="directory for the profile JSON (and its .measurements.csv); created if needed")
+    pr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    pr.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    pr.add_argument("--width", type=_positive_int, default=None, help="table width in columns")
 
     # bench -----------------------------------------------------------------------------------------
     be = verb("bench", "run the benchmark suite (python -m benchmarks.run)",
@@ -497,23 +547,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
     live = sys.stderr.isatty() and not args.plain
     _note(f"planning {model.name} on {cluster.name} ({cluster.num_gpus} GPUs): global batch "
           f"{training.global_batch_size} x {training.seq_len} tokens, {training.precision}, backend {backend}")
+    calibration, profiles = _cost_inputs(args, cluster, model, training)
     with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet) as progress:
         plan = solve(cluster, model, training, time_limit_s=args.time_limit, backend=backend, threads=args.threads,
                      seed=args.seed, rel_gap=args.gap, space=space, warm_start=not args.no_warm_start,
-                     on_progress=progress)
+                     calibration=calibration, profiles=profiles, on_progress=progress)
     _print(summary_renderable(plan), args.width)
+    kept = tuple(profiles) if profiles is not None else ()
     if args.output:
-        path = save_plan_file(args.output, plan, cluster=cluster, model=model, training=training)
+        path = save_plan_file(args.output, plan, cluster=cluster, model=model, training=training,
+                              calibration=calibration, profiles=kept)
         _note(f"plan file written: {path}")
     if formats:
         out_dir = Path(args.export_dir) if args.export_dir else (Path(args.output).parent if args.output else Path("."))
-        pf = PlanFile(plan=plan, cluster=cluster, model=model, training=training)
+        pf = PlanFile(plan=plan, cluster=cluster, model=model, training=training, calibration=calibration,
+                      profiles=kept)
         for f in write_exports(pf, formats, out_dir):
             _note(f"export written: {f}")
         for fmt in formats:
             for n in export_notes(fmt, pf):
                 _note(f"note ({fmt}): {n}")
     return EXIT_OK
+
+
+def _cost_inputs(args: argparse.Namespace, cluster: Any, model: Any, training: Any) -> tuple[Any, Any]:
+    """--calibration and --profiles read and checked against the run; says which GPU types they cover."""
+    from tangram_opt.cost import check_profiles, load_calibration, load_profiles
+
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    profiles = None
+    if args.profiles:
+        profiles = load_profiles(args.profiles)
+        check_profiles(profiles, model, training.seq_len, training.precision)
+        types = {g.gpu.name for g in cluster.node_groups}
+        covered = sorted(p.gpu_name for p in profiles if p.gpu_name in types)
+        unused = sorted(p.gpu_name for p in profiles if p.gpu_name not in types)
+        missing = sorted(types - set(covered))
+        _note(f"measured profiles for {', '.join(covered) or 'no GPU type of this cluster'}"
+              + (f"; computed costs for {', '.join(missing)}" if missing else ""))
+        if unused:
+            _note(f"profiles not used (no such GPU in {cluster.name}): {', '.join(unused)}")
+    return calibration, profiles
 
 
 def _read_plan(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -546,7 +620,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.format == "table":
         _print(summary_renderable(plan), args.width)
     elif args.format == "json":
-        sys.stdout.write(plan_file_json(plan, cluster=pf.cluster, model=pf.model, training=pf.training))
+        sys.stdout.write(plan_file_json(plan, cluster=pf.cluster, model=pf.model, training=pf.training,
+                                        calibration=pf.calibration, profiles=pf.profiles))
     elif args.format == "csv":
         plan_table(plan).to_csv(sys.stdout, index=False)
     else:
@@ -586,7 +661,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cluster, model = _need(pf, "cluster", "simulate"), _need(pf, "model", "simulate")
     plan = pf.plan
     kw = {"schedule": args.schedule} if args.schedule else {}
-    res = simulate(plan, cluster, model, pf.training_or_default, **kw)
+    res = simulate(plan, cluster, model, pf.training_or_default, **pf.cost_inputs, **kw)
     out: list[Any] = []
     diff = (res.step_time_s - plan.step_time_s) / plan.step_time_s if plan.step_time_s else 0.0
     out.append(f"{plan.model} on {plan.cluster}: simulated step {u.fmt_seconds(res.step_time_s)} "
@@ -725,6 +800,135 @@ def cmd_experts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tangram_opt import profiling
+
+    model = _load_model(args.model)
+    req = profiling.ProfileRequest(
+        model=model, seq_len=args.seq, micro_batch_sizes=tuple(args.micro_batch_sizes), tp=tuple(args.tp),
+        gpu=args.gpu_name, precision=args.precision, device=args.device, attention=args.attention,
+        warmup=args.warmup, repeats=args.repeats, ep=args.ep,
+        kinds=tuple(k.lower() for k in args.kinds) if args.kinds else None)
+    try:
+        profiling.check_request(req)
+        out_dir = profiling.check_output_dir(args.output)
+        n = len(req.layer_kinds) * len(set(req.tp)) * len(set(req.micro_batch_sizes))
+        if not args.quiet:
+            _note(f"profiling {model.name}: {', '.join(req.layer_kinds)} x tp {','.join(map(str, sorted(set(req.tp))))}"
+                  f" x micro-batch {','.join(map(str, sorted(set(req.micro_batch_sizes))))} = {n} entries at "
+                  f"sequence length {req.seq_len}; {req.warmup} warm-up + {req.repeats} timed passes each")
+        with _ProfileProgress(live=sys.stderr.isatty() and not args.plain, quiet=args.quiet) as progress:
+            result = profiling.run_profile(req, on_progress=progress.update, on_note=progress.note,
+                                           on_entry=progress.entry)
+        path, csv_path, warns = profiling.write_profile(result, out_dir)
+    except profiling.TorchUnavailableError as e:
+        raise ComponentUnavailable(str(e)) from None
+    except SpecError as e:  # name the command-line flag, not the Python field
+        if e.field in profiling.CLI_FLAGS:
+            raise type(e)(profiling.CLI_FLAGS[e.field], e.value, e.problem, e.fix, source=e.source) from None
+        raise
+    _print(_profile_table(result), args.width)
+    _note(f"profile written: {path} ({len(result.profile.entries)} entries, {result.profile.gpu}, "
+          f"{result.profile.precision}, sequence length {result.profile.seq_len})")
+    _note(f"raw measurements: {csv_path}")
+    for w in warns:
+        _note(f"warning: {w}")
+    from statistics import median
+
+    from tangram_opt.profiling.run import spread
+
+    noise = median(max(spread(r.fwd_times_s), spread(r.bwd_times_s)) for r in result.results)
+    if noise > 0.25:
+        _note(f"warning: the timed passes vary by {100 * noise:.0f}% (median spread): the device was busy or the "
+              "layers are tiny; measure on an idle device, or raise --repeats")
+    plan_precision = "fp32" if result.profile.precision in ("fp32", "tf32") else result.profile.precision
+    _note(f"plan with it: {PROG} plan --cluster CLUSTER --model {args.model} --seq {req.seq_len} --precision "
+          f"{plan_precision} --profiles {out_dir}")
+    return EXIT_OK
+
+
+class _ProfileProgress:
+    """Progress of a profiling run on stderr: a rich bar on a terminal, else one line per measured entry."""
+
+    def __init__(self, *, live: bool, quiet: bool):
+        self.live_mode, self.quiet = live and not quiet, quiet
+        self._progress: Any = None
+        self._task: Any = None
+        self._entries = 0
+
+    def __enter__(self) -> _ProfileProgress:
+        if self.live_mode:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), TimeRemainingColumn(), console=_console(stderr=True),
+                                      transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+            self._progress = None
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"{label:<22}", completed=done, total=total)
+
+    def note(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, highlight=False, markup=False)
+        else:
+            _note(text)
+
+    def entry(self, r: Any) -> None:
+        self._entries += 1
+        if self.quiet or self._progress is not None:
+            return
+        e = r.entry
+        rate = r.achieved_flops_per_s
+        _note(f"  {e.kind:<9} tp {e.tp} mb {e.micro_batch_size}: fwd {1e3 * e.fwd_time_s:.3f} ms, bwd "
+              f"{1e3 * e.bwd_time_s:.3f} ms" + (f", {rate / 1e12:.2f} TFLOP/s" if rate else ""))
+
+
+def _profile_table(result: Any) -> Any:
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+
+    from tangram_opt import units as u
+    from tangram_opt.profiling.run import spread
+
+    p = result.profile
+    head = (f"{p.model} on {p.gpu} ({result.device}), {p.precision}, sequence length {p.seq_len}: median of "
+            f"{len(result.results[0].fwd_times_s)} passes per entry")
+    gpu = any(r.peak_allocated_bytes is not None for r in result.results)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    cols = ["kind", "tp", "mb", "fwd ms", "bwd ms", "bwd/fwd", "spread", "TFLOP/s"] + (["peak GiB"] if gpu else [])
+    for c in cols:
+        t.add_column(c, justify="left" if c == "kind" else "right", no_wrap=True)
+    for r in result.results:
+        e = r.entry
+        rate = r.achieved_flops_per_s
+        row = [e.kind, str(e.tp), str(e.micro_batch_size), f"{1e3 * e.fwd_time_s:.3f}", f"{1e3 * e.bwd_time_s:.3f}",
+               f"{e.bwd_time_s / e.fwd_time_s:.2f}" if e.fwd_time_s > 0 else "-",
+               f"{100 * max(spread(r.fwd_times_s), spread(r.bwd_times_s)):.0f}%",
+               "-" if rate is None else f"{rate / 1e12:.3g}"]
+        if gpu:
+            row.append("-" if r.peak_allocated_bytes is None else f"{r.peak_allocated_bytes / u.GiB:.2f}")
+        t.add_row(*row)
+    legend = ("spread: (max - min) / median of the timed passes; TFLOP/s: model FLOPs (forward + backward, the MFU "
+              "convention) per second on this rank")
+    out: list[Any] = [head, t, legend]
+    if result.skipped:
+        out.append("not measured: " + ", ".join(f"{k} tp{tp} mb{mb} ({why})" for k, tp, mb, why in result.skipped))
+    return Group(*out)
+
+
 def _find_benchmarks() -> Path | None:
     """The directory that holds ``benchmarks/run.py``: ``$TANGRAM_BENCH_ROOT`` if set, else the current
     directory or the source checkout this tangram_opt was installed from (``pip install -e``)."""
@@ -753,7 +957,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "show": cmd_show, "simulate": cmd_simulate, "islands": cmd_islands, "clusters": cmd_clusters,
-    "models": cmd_models, "experts": cmd_experts, "bench": cmd_bench,
+    "models": cmd_models, "experts": cmd_experts, "profile": cmd_profile, "bench": cmd_bench,
 }
 
 

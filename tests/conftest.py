@@ -35,7 +35,9 @@ def _checked(plan, cluster, model, training, kwargs):  # type: ignore[no-untyped
     training = _search._load_training(training)
     problems = [str(v) for v in validate(plan, cluster, model, training)]
     if not problems:
-        res = simulate(plan, cluster, model, training, calibration=kwargs.get("calibration"),
+        res = simulate(plan, cluster, model, training,
+                       calibration=_search._load_calibration_arg(kwargs.get("calibration")),
+                       profiles=_search._load_profiles_arg(kwargs.get("profiles"), model, training),
                        moe_load_imbalance=float(imbalance))
         problems = res.check(plan, rtol=RTOL)
     assert not problems, (f"solve() returned a plan the validator or simulator rejects ({model.name} on "

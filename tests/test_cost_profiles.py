@@ -115,8 +115,10 @@ def test_profiles_replace_compute_time_but_comm_is_still_modelled():
     assert c.fwd_time_s == pytest.approx(raw[5][0])  # TP all-reduces are inside the measurement
     assert c.breakdown["grad_sync_total"] > 0  # data-parallel sync is still modelled
     assert computed.layer(a100, cfg, "dense").breakdown["profiled"] == 0.0
-    # unmeasured TP degree, other GPU type, or another sequence length: analytical
-    assert measured.layer(a100, StageConfig(tp=8, micro_batch_size=1), "dense").breakdown["profiled"] == 0.0
+    # unmeasured TP degree: the computed time scaled by what the profile measured; other GPU type or
+    # another sequence length: analytical
+    tp8 = StageConfig(tp=8, micro_batch_size=1)
+    assert measured.layer(a100, tp8, "dense").breakdown["profiled"] == 0.5
     assert measured.layer(_node("H100-SXM", 1), StageConfig(), "dense").breakdown["profiled"] == 0.0
     other = CostModel(spec, TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp32"), profiles=sets)
     assert other.layer(a100, cfg, "dense").breakdown["profiled"] == 0.0
@@ -191,3 +193,37 @@ def test_profiles_of_another_run_are_refused_not_ignored(tmp_path):
     assert exc.value.field == "profile.model"
     with pytest.raises(FormatError):
         load_profiles(tmp_path / "empty_dir_missing")
+
+
+def test_configurations_outside_the_measured_points_are_scaled_by_the_measurement():
+    """A profile 2x slower than computed at tp 1-2 makes tp 4 and context-parallel stages 2x slower
+    too: no configuration escapes the measurement to the analytical model."""
+    from tangram_opt.specs import load_model
+
+    model = load_model("llama-2-7b")
+    t = TrainingSpec(global_batch_size=8, seq_len=4096, precision="bf16")
+    computed = CostModel(model, t)
+    node = _node("A100-80", 8)
+    entries = []
+    for tp in (1, 2):
+        for mb in (1, 2):
+            c = computed.layer(node, StageConfig(tp=tp, micro_batch_size=mb, sequence_parallel=False), "dense")
+            entries.append(ProfileEntry(kind="dense", tp=tp, micro_batch_size=mb,
+                                        fwd_time_s=2 * c.breakdown["compute_fwd"],
+                                        bwd_time_s=2 * c.breakdown["compute_bwd"]))
+    prof = LayerProfile(model=model.name, gpu="A100-80", seq_len=4096, precision="bf16", entries=tuple(entries),
+                        includes_tp_comm=False)
+    measured = CostModel(model, t, profiles=prof)
+    for cfg, how in ((StageConfig(tp=2, micro_batch_size=2, sequence_parallel=False), 1.0),
+                     (StageConfig(tp=4, micro_batch_size=1), 0.5),
+                     (StageConfig(tp=1, cp=2, micro_batch_size=2), 0.5),
+                     (StageConfig(tp=2, micro_batch_size=3, sequence_parallel=False), 1.0)):
+        a, b = computed.layer(node, cfg, "dense"), measured.layer(node, cfg, "dense")
+        assert b.breakdown["profiled"] == how
+        assert b.breakdown["compute_fwd"] == pytest.approx(2 * a.breakdown["compute_fwd"], rel=0.02)
+        assert b.breakdown["compute_bwd"] == pytest.approx(2 * a.breakdown["compute_bwd"], rel=0.02)
+        assert b.breakdown["tp_comm"] == a.breakdown["tp_comm"]  # still modelled: not inside the profile
+    # no embedding or head points: they take the median ratio over the profile's points
+    cfg = StageConfig(tp=2, micro_batch_size=1)
+    assert measured.head(node, cfg).breakdown["compute_fwd"] == pytest.approx(
+        2 * computed.head(node, cfg).breakdown["compute_fwd"])

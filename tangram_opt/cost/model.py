@@ -31,6 +31,7 @@ Overlap policy (what counts on the critical path):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -251,14 +252,84 @@ class CostModel:
             return "eager"
         return "flash" if gpu.flash_attention else "fused-softmax"
 
-    def _profile(self, node: NodeSpec, cfg: StageConfig) -> LayerProfile | None:
+    def _profile(self, node: NodeSpec) -> LayerProfile | None:
+        """The profile of this node's GPU type if it describes this run (sequence length, precision
+        class); ``solve`` refuses a mismatched profile before it gets here (check_profiles)."""
         p = self.profiles.get(node.gpu.name) if len(self.profiles) else None
-        if p is None or cfg.cp != 1 or p.seq_len != self.training.seq_len:
+        if p is None or p.seq_len != self.training.seq_len:
             return None
         prec = self.training.precision
         if (p.precision in ("fp32", "tf32")) != (prec == "fp32"):
             return None
         return p
+
+    def _measured(self, node: NodeSpec, cfg: StageConfig, kind: str, computed: tuple[float, float]
+                  ) -> tuple[float, float, bool, float]:
+        """Compute time of one block of ``kind`` from a measured profile: ``(fwd_s, bwd_s,
+        tp_comm_inside, how)``; ``how`` is 1.0 for a measured point (this tp and micro-batch, no
+        context parallelism), 0.5 for the computed time scaled by what the profile measured, 0.0
+        without a profile.
+
+        A profile covers a few (tp, micro-batch) points at cp = 1. Elsewhere the measurement still
+        says how fast this GPU runs this model: the computed time is scaled by measured/computed at
+        the same tp and micro-batch (a context-parallel stage: the block at full sequence, measured,
+        times the computed cp share), else by the median ratio over the profile's points of this
+        kind (of all kinds if it has none). A configuration outside the measured points therefore
+        never escapes the measurement to the analytical model's optimism."""
+        prof = self._profile(node)
+        if prof is None:
+            return computed[0], computed[1], False, 0.0
+        point = prof.lookup(kind, cfg.tp, cfg.micro_batch_size)
+        if point is not None and cfg.cp == 1:
+            return point[0], point[1], prof.includes_tp_comm, 1.0
+        if point is not None:
+            f_ref, b_ref = self._reference_time(node, prof, kind, cfg.tp, cfg.micro_batch_size)
+            ff, fb = point[0] / f_ref, point[1] / b_ref
+        else:
+            ff, fb = self._profile_factor(node, prof, kind)
+        return computed[0] * ff, computed[1] * fb, False, 0.5
+
+    def _reference_time(self, node: NodeSpec, prof: LayerProfile, kind: str, tp: int, mb: int
+                        ) -> tuple[float, float]:
+        """What the cost model computes for a profile point: one block at cp = 1, ep = 1, run as the
+        profile ran (sequence parallelism as measured; TP collectives included if they were)."""
+        cfg = StageConfig(tp=tp, micro_batch_size=mb, sequence_parallel=prof.sequence_parallel and tp > 1)
+        if kind in ("embedding", "head"):
+            fwd, bwd, tp_f, tp_b = self._vocab_compute(node, cfg, kind)
+        else:
+            fwd, bwd, _, _ = self._block_compute(node, cfg, kind, 1, 1.0)  # type: ignore[arg-type]
+            tp_f = tp_b = self._tp_comm_per_pass(node, cfg, self._shape(cfg))
+        if prof.includes_tp_comm:
+            fwd, bwd = fwd + tp_f, bwd + tp_b
+        return fwd, bwd
+
+    def _profile_factor(self, node: NodeSpec, prof: LayerProfile, kind: str) -> tuple[float, float]:
+        """Median measured/computed (fwd, bwd) over the profile's points of ``kind`` (all kinds if none)."""
+        def make() -> tuple[float, float]:
+            pts = [e for e in prof.entries if e.kind == kind and (e.kind != "moe" or self.model.moe is not None)]
+            if not pts:
+                pts = [e for e in prof.entries if e.kind != "moe" or self.model.moe is not None]
+            ratios = []
+            for e in pts:
+                f_ref, b_ref = self._reference_time(node, prof, e.kind, e.tp, e.micro_batch_size)
+                ratios.append((e.fwd_time_s / f_ref, e.bwd_time_s / b_ref))
+            return statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
+        return self._memo(("profile_factor", node, id(prof), kind), make)
+
+    def _block_compute(self, node: NodeSpec, cfg: StageConfig, kind: LayerKind, ep: int, imbalance: float
+                       ) -> tuple[float, float, float, float]:
+        """Computed (fwd, bwd, attention-core fwd, attention-core bwd) seconds of one block's kernels
+        (``imbalance``: hottest expert rank's load over the mean)."""
+        m = self.model
+        sh = self._shape(cfg)
+        expert_tokens = 0.0
+        if kind == "moe":
+            assert m.moe is not None
+            expert_tokens = sh.tokens * m.moe.top_k * imbalance
+        local_experts = m.moe.num_experts // ep if kind == "moe" and m.moe is not None else 1
+        return self._memo(("compute", node, kind, sh, expert_tokens, local_experts),
+                          lambda: self._compute_times(kind, sh, expert_tokens, local_experts, self._rates(node),
+                                                      self.kernel_for(node.gpu)))
 
     def _shape(self, cfg: StageConfig) -> LayerShape:
         s = self.training.seq_len
@@ -302,24 +373,18 @@ class CostModel:
             raise SpecError("kind", kind, f"model {m.name!r} has no MoE layers", 'use kind="dense"')
         params = self._params.get(kind) or flops.layer_params(m, kind)
         sh = self._shape(cfg)
-        rates = self._rates(node)
         expert_tokens = 0.0
         if kind == "moe":
             assert m.moe is not None
             expert_tokens = sh.tokens * m.moe.top_k * self.imbalance(cfg.ep, node.gpus_per_node)
-        local_experts = m.moe.num_experts // cfg.ep if kind == "moe" and m.moe is not None else 1
-        fwd_all_s, bwd_all_s, attn_fwd_s, attn_bwd_s = self._memo(
-            ("compute", node, kind, sh, expert_tokens, local_experts),
-            lambda: self._compute_times(kind, sh, expert_tokens, local_experts, rates, self.kernel_for(node.gpu)))
+        fwd_all_s, bwd_all_s, attn_fwd_s, attn_bwd_s = self._block_compute(
+            node, cfg, kind, cfg.ep, self.imbalance(cfg.ep, node.gpus_per_node) if kind == "moe" else 1.0)
         tp_comm = self._tp_comm_per_pass(node, cfg, sh)
-        prof = self._profile(node, cfg)
-        measured = prof.lookup(kind, cfg.tp, cfg.micro_batch_size) if prof is not None else None
-        if measured is not None:
-            fwd_c, bwd_c = measured
-            if prof is not None and prof.includes_tp_comm:
-                tp_comm = 0.0
-        else:
-            fwd_c, bwd_c = fwd_all_s, bwd_all_s
+        fwd_c, bwd_c, tp_inside, profiled = self._measured(node, cfg, kind, (fwd_all_s, bwd_all_s))
+        if tp_inside:
+            tp_comm = 0.0
+        if profiled == 0.5:  # the attention core scales with its block (selective recomputation reruns it)
+            attn_fwd_s *= fwd_c / fwd_all_s
         # context parallel: KV ring exchange overlapped with the attention core
         cp_fwd = cp_bwd = 0.0
         if cfg.cp > 1:
@@ -394,7 +459,7 @@ class CostModel:
                                     "attention_core_fwd": attn_fwd_s, "tp_comm": 2 * tp_comm,
                                     "cp_comm": cp_fwd + cp_bwd, "ep_comm": 2 * ep_pass,
                                     "zero3_comm": z3_fwd + z3_bwd, "grad_sync_total": grad_sync + param_gather,
-                                    "profiled": 1.0 if measured is not None else 0.0})
+                                    "profiled": profiled})
 
     def _compute_times(self, kind: LayerKind, sh: LayerShape, expert_tokens: float, local_experts: int,
                        rates: _Rates, kernel: str) -> tuple[float, float, float, float]:
@@ -449,22 +514,21 @@ class CostModel:
             # a tied head keeps its own copy of the word embeddings on the last stage (Megatron-LM)
         return vocab / cfg.tp + replicated, float(vocab + replicated)
 
-    def _vocab_cost(self, node: NodeSpec, cfg: StageConfig, which: str) -> LayerCost:
-        m, t, c = self.model, self.training, self.calibration
+    def _vocab_compute(self, node: NodeSpec, cfg: StageConfig, which: str) -> tuple[float, float, float, float]:
+        """Computed (fwd, bwd, TP fwd, TP bwd) seconds of the embedding or the head (with its loss)."""
+        m = self.model
         sh = self._shape(cfg)
-        rates = self._rates(node)
         e, tokens = sh.elt_bytes, sh.tokens
-        t_sp = tokens / cfg.tp if sh.sp else tokens
+
         def compute() -> tuple[float, float]:
+            rates = self._rates(node)
             if which == "embedding":
                 fwd_ops, bwd_ops = flops.embedding_ops(m, tokens, cfg.tp, sh.sp, e, self.hidden_dropout)
             else:
                 fwd_ops, bwd_ops = flops.head_ops(m, tokens, cfg.tp, sh.sp, e)
             return rates.time_s(fwd_ops), rates.time_s(bwd_ops)
 
-        vocab_fwd_s, vocab_bwd_s = self._memo(("vocab", node, which, tokens, cfg.tp, sh.sp), compute)
-        prof = self._profile(node, cfg)
-        measured = prof.lookup(which, cfg.tp, cfg.micro_batch_size) if prof is not None else None
+        fwd_s, bwd_s = self._memo(("vocab", node, which, tokens, cfg.tp, sh.sp), compute)
         msg = tokens * m.hidden_size * e
         tp_fwd = tp_bwd = 0.0
         if cfg.tp > 1:
@@ -475,12 +539,17 @@ class CostModel:
                 ce = 3 * self._coll(node, "all_reduce", 4.0 * tokens, cfg.tp)  # max, sum-exp, target logit
                 tp_fwd = (self._coll(node, "all_gather", msg, cfg.tp) if sh.sp else 0.0) + ce
                 tp_bwd = self._coll(node, "reduce_scatter" if sh.sp else "all_reduce", msg, cfg.tp)
-        if measured is not None:
-            fwd_c, bwd_c = measured
-            if prof is not None and prof.includes_tp_comm:
-                tp_fwd = tp_bwd = 0.0
-        else:
-            fwd_c, bwd_c = vocab_fwd_s, vocab_bwd_s
+        return fwd_s, bwd_s, tp_fwd, tp_bwd
+
+    def _vocab_cost(self, node: NodeSpec, cfg: StageConfig, which: str) -> LayerCost:
+        m, t, c = self.model, self.training, self.calibration
+        sh = self._shape(cfg)
+        e, tokens = sh.elt_bytes, sh.tokens
+        t_sp = tokens / cfg.tp if sh.sp else tokens
+        vocab_fwd_s, vocab_bwd_s, tp_fwd, tp_bwd = self._vocab_compute(node, cfg, which)
+        fwd_c, bwd_c, tp_inside, profiled = self._measured(node, cfg, which, (vocab_fwd_s, vocab_bwd_s))
+        if tp_inside:
+            tp_fwd = tp_bwd = 0.0
         recompute = fwd_c + tp_fwd if (cfg.recompute == "full" and which == "head") else 0.0
         local, _ = self._vocab_params(which, cfg)
         lp = flops.LayerParams(sharded=local * cfg.tp, replicated=0.0)  # per_gpu(tp) gives back `local`
@@ -519,8 +588,7 @@ class CostModel:
                          grad_sync_time_s=exposed, optimizer_time_s=opt, model_flops=mf,
                          breakdown={"compute_fwd": fwd_c, "compute_bwd": bwd_c, "recompute": recompute,
                                     "tp_comm": tp_fwd + tp_bwd, "zero3_comm": z3_fwd + z3_bwd,
-                                    "grad_sync_total": grad_sync + param_gather,
-                                    "profiled": 1.0 if measured is not None else 0.0})
+                                    "grad_sync_total": grad_sync + param_gather, "profiled": profiled})
 
     def embedding(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
         """Extra cost of the first stage: token (and position) embedding, vocab-parallel."""

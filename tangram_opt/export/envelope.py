@@ -9,11 +9,14 @@
       "cluster": {...} | null,                  # Cluster.to_dict(): the cluster file form
       "model": {...} | null,                    # ModelSpec.to_dict(): the tangram model file form
       "training": {...} | null,                 # TrainingSpec.to_dict()
+      "calibration": {...},                     # optional: the calibration planned with (file form)
+      "profiles": [{...}, ...],                 # optional: the measured layer profiles planned with
       "summary": {...}                          # derived figures for readers; ignored when read
     }
 
 Embedding the cluster and model makes a plan file self-contained: it can be shown, simulated and
-exported on another machine without the original files. A bare ``Plan.save`` file (no envelope)
+exported on another machine without the original files; a plan made with a calibration file or
+measured profiles carries them, so ``simulate`` replays it with the prices it was planned with. A bare ``Plan.save`` file (no envelope)
 is also accepted; it then needs ``--cluster`` / ``--model`` for the verbs that use them.
 See docs/cli.md, "The plan file".
 """
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tangram_opt.cost.calibration import Calibration, calibration_from_dict, calibration_to_dict
+from tangram_opt.cost.profiles import LayerProfile, profile_from_dict
 from tangram_opt.errors import FormatError, SpecError
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster, cluster_from_dict
@@ -47,7 +52,14 @@ class PlanFile:
     cluster: Cluster | None = None
     model: ModelSpec | None = None
     training: TrainingSpec | None = None
+    calibration: Calibration | None = None
+    profiles: tuple[LayerProfile, ...] = ()
     source: str = ""
+
+    @property
+    def cost_inputs(self) -> dict[str, Any]:
+        """The measured inputs the plan was made with, as keyword arguments of ``simulate``."""
+        return {"calibration": self.calibration, "profiles": self.profiles or None}
 
     @property
     def training_or_default(self) -> TrainingSpec:
@@ -61,10 +73,16 @@ def training_of(plan: Plan) -> TrainingSpec:
 
 
 def plan_envelope(plan: Plan, *, cluster: Cluster | None = None, model: ModelSpec | None = None,
-                  training: TrainingSpec | None = None) -> dict[str, Any]:
+                  training: TrainingSpec | None = None, calibration: Calibration | None = None,
+                  profiles: Iterable[LayerProfile] | None = None) -> dict[str, Any]:
     """The plan file as a dict (see the module docstring)."""
     from tangram_opt import __version__
 
+    extra: dict[str, Any] = {}
+    if calibration is not None:
+        extra["calibration"] = calibration_to_dict(calibration)
+    if profiles:
+        extra["profiles"] = [p.to_dict() for p in profiles]
     return {
         "schema": PLAN_FILE_SCHEMA,
         "tangram_opt_version": __version__,
@@ -72,6 +90,7 @@ def plan_envelope(plan: Plan, *, cluster: Cluster | None = None, model: ModelSpe
         "cluster": cluster.to_dict() if cluster is not None else None,
         "model": model.to_dict() if model is not None else None,
         "training": (training or training_of(plan)).to_dict(),
+        **extra,
         "summary": _summary(plan),
     }
 
@@ -87,17 +106,21 @@ def _summary(plan: Plan) -> dict[str, Any]:
 
 
 def plan_file_json(plan: Plan, *, cluster: Cluster | None = None, model: ModelSpec | None = None,
-                   training: TrainingSpec | None = None) -> str:
+                   training: TrainingSpec | None = None, calibration: Calibration | None = None,
+                   profiles: Iterable[LayerProfile] | None = None) -> str:
     """The plan file's text (strict JSON: non-finite floats are written as ``null``)."""
-    env = _finite(plan_envelope(plan, cluster=cluster, model=model, training=training))
+    env = _finite(plan_envelope(plan, cluster=cluster, model=model, training=training, calibration=calibration,
+                                profiles=profiles))
     return json.dumps(env, indent=2, allow_nan=False) + "\n"
 
 
 def save_plan_file(path: str | Path, plan: Plan, *, cluster: Cluster | None = None, model: ModelSpec | None = None,
-                   training: TrainingSpec | None = None) -> Path:
+                   training: TrainingSpec | None = None, calibration: Calibration | None = None,
+                   profiles: Iterable[LayerProfile] | None = None) -> Path:
     """Write the plan file; returns the path."""
     p = Path(path)
-    text = plan_file_json(plan, cluster=cluster, model=model, training=training)
+    text = plan_file_json(plan, cluster=cluster, model=model, training=training, calibration=calibration,
+                          profiles=profiles)
     try:
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +178,14 @@ def plan_file_from_dict(data: Any, *, source: str = "") -> PlanFile:
     cluster = _part(data, "cluster", cluster_from_dict, source)
     model = _part(data, "model", model_from_dict, source)
     training = _part(data, "training", training_from_dict, source)
-    return PlanFile(plan=_plan(data["plan"], source), cluster=cluster, model=model, training=training, source=source)
+    calibration = _part(data, "calibration", calibration_from_dict, source)
+    raw = data.get("profiles") or []
+    if not isinstance(raw, list):
+        raise FormatError("profiles", type(raw).__name__, "must be a list of layer profiles",
+                          "re-write the plan file with tangram-opt plan --output", source=source)
+    profiles = tuple(_part({"profiles": d}, "profiles", profile_from_dict, source) for d in raw)
+    return PlanFile(plan=_plan(data["plan"], source), cluster=cluster, model=model, training=training,
+                    calibration=calibration, profiles=profiles, source=source)
 
 
 def plan_file_json_schema() -> dict[str, Any]:

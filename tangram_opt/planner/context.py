@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tangram_opt.cost import Calibration, CostModel
+from tangram_opt.cost.profiles import ProfileSet
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.candidates import AnalyticalCandidates, Candidate, CandidateProvider
 from tangram_opt.planner.formulation import PipelineProblem
@@ -29,11 +30,12 @@ class PlanningContext:
     provider: CandidateProvider | None = None
     calibration: Calibration | None = None
     moe_load_imbalance: float | Callable[[int, int], float] = 1.0  # see CostModel
+    profiles: ProfileSet | None = None  # measured layer times (CostModel); checked by solve
 
     def __post_init__(self) -> None:
         if self.cost is None:
             self.cost = CostModel(self.model, self.training, calibration=self.calibration,
-                                  moe_load_imbalance=self.moe_load_imbalance)
+                                  moe_load_imbalance=self.moe_load_imbalance, profiles=self.profiles)
         if self.provider is None:
             self.provider = AnalyticalCandidates(self.model, self.cost, self.space)
         self.islands: tuple[Island, ...] = find_islands(self.cluster)

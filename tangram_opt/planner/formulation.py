@@ -157,7 +157,6 @@ class PositionalMIP:
 
         # an upper bound on any stage time of an improving plan (objective >= m * Tmax)
         tmax_cap = o.cutoff_s / m if o.cutoff_s else math.inf
-        total_layers = p.total_layers
         for r in range(R):
             inflight = m if gpipe else min(r + 1, m)
             last = r == 0
@@ -389,7 +388,8 @@ class PositionalMIP:
         def ev(e: LinExpr) -> float:
             return e.const + sum(c * x_of.get(i, 0.0) for i, c in e.coefs.items())
         for (r, i, j), zv in self.z.items():
-            a = sum(x_of[self.x[r, ci].index] for (rr, ci) in self.x if rr == r and self.problem.candidates[ci].island == i)
+            a = sum(x_of[self.x[r, ci].index] for (rr, ci) in self.x
+                    if rr == r and self.problem.candidates[ci].island == i)
             b = sum(x_of[self.x[r - 1, ci].index] for (rr, ci) in self.x if rr == r - 1
                     and self.problem.candidates[ci].island == j)
             vals[zv] = 1.0 if a > 0.5 and b > 0.5 else 0.0

@@ -573,8 +573,8 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
         try:
             plan = solve(sub, ctx.model, training, time_limit_s=limit, backend=backend, threads=threads, seed=seed,
                          rel_gap=max(rel_gap, 1e-3), space=space, provider=_SubProvider(ctx),
-                         calibration=ctx.calibration, moe_load_imbalance=ctx.moe_load_imbalance,
-                         multi_pipeline=False)
+                         calibration=ctx.calibration, profiles=ctx.profiles,
+                         moe_load_imbalance=ctx.moe_load_imbalance, multi_pipeline=False)
         except TangramError as e:
             log.append(f"{origin}: no plan ({type(e).__name__})")
             continue

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
@@ -251,7 +252,8 @@ MULTI_PIPELINE_SINGLE_SHARE = 0.7
 def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None, *,
           time_limit_s: float = 60.0, backend: str = DEFAULT_BACKEND, threads: int = 1, seed: int = 0,
           rel_gap: float = 1e-4, space: SearchSpace | None = None, warm_start: bool = True,
-          calibration: Calibration | None = None, provider: CandidateProvider | None = None,
+          calibration: Calibration | str | Path | None = None, profiles: Any = None,
+          provider: CandidateProvider | None = None,
           moe_load_imbalance: float | Callable[[int, int], float] = 1.0, expert_loads: Any = None,
           formulation: str = "aggregated", windows: bool = True,
           fluid_cuts: bool = True, knapsack: bool = True, sequence_leaves: bool | None = None,
@@ -268,6 +270,13 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     statistics) prices every MoE layer at the hottest EP rank of the best expert placement for each
     EP degree (``tangram_opt.experts.ImbalanceModel``; the plan's ``expert_placement`` reports them);
     ``moe_load_imbalance`` sets that ratio directly (a number, or a function of ``(ep, gpus_per_node)``).
+
+    Measured inputs (docs/user_guide/profiling.md): ``calibration`` is a :class:`Calibration` or the
+    path of a calibration file (``tangram-opt calibrate`` writes one); ``profiles`` is a
+    :class:`~tangram_opt.cost.ProfileSet`, a :class:`~tangram_opt.cost.LayerProfile`, a list of them,
+    or the path of a profile file or directory (``tangram-opt profile`` writes them). Measured layer
+    times replace the computed compute time of the GPU types they cover; a profile of another model
+    shape, sequence length or precision is refused (:func:`tangram_opt.cost.check_profiles`).
 
     ``formulation`` ("aggregated" or "positional"), ``windows`` (branch on the bottleneck time),
     ``fluid_cuts`` and ``knapsack`` (the layer-covering bound on the bottleneck, bottleneck.py)
@@ -294,6 +303,9 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     model = _load_model(model)
     training = _load_training(training)
     get_backend(backend)  # fail fast on an unknown or missing backend
+    _check_knobs(time_limit_s=time_limit_s, threads=threads, seed=seed)
+    calibration = _load_calibration_arg(calibration)
+    profiles = _load_profiles_arg(profiles, model, training)
     if formulation not in FORMULATIONS:
         raise SpecError("formulation", formulation, "is not a known formulation",
                         f"use one of {', '.join(FORMULATIONS)}")
@@ -305,7 +317,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
 
         moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
     ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
-                          moe_load_imbalance=moe_load_imbalance)
+                          moe_load_imbalance=moe_load_imbalance, profiles=profiles)
     single_limit_s = time_limit_s * (MULTI_PIPELINE_SINGLE_SHARE if multi_pipeline else 1.0)
     if sequence_leaves is None:
         sequence_leaves = single_limit_s >= SEQUENCE_MIN_TIME_S
@@ -322,6 +334,52 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
                                seed=seed, rel_gap=rel_gap,
                                options=multi_pipeline if isinstance(multi_pipeline, MultiPipelineOptions) else None)
     return _attach_expert_placement(plan, moe_load_imbalance)
+
+
+def _check_knobs(*, time_limit_s: Any, threads: Any, seed: Any) -> None:
+    """Refuse numeric options no search can honour, naming the argument (the CLI checks the same)."""
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)) \
+            or not math.isfinite(time_limit_s) or time_limit_s < 0:
+        raise SpecError("time_limit_s", time_limit_s, "must be a finite number of seconds >= 0",
+                        "give the wall-clock budget, e.g. time_limit_s=60 (0: heuristic plan and bound only)")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SpecError("threads", threads, "must be an integer >= 1", "e.g. threads=2 (this machine's cores)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError("seed", seed, "must be an integer >= 0", "e.g. seed=0")
+
+
+def _load_calibration_arg(calibration: Any) -> Calibration | None:
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration
+    if isinstance(calibration, (str, Path)):
+        from tangram_opt.cost import load_calibration
+
+        return load_calibration(calibration)
+    raise SpecError("calibration", type(calibration).__name__, "is not a Calibration or a calibration file path",
+                    "pass tangram_opt.cost.Calibration(...) or the file 'tangram-opt calibrate' wrote")
+
+
+def _load_profiles_arg(profiles: Any, model: ModelSpec, training: TrainingSpec) -> Any:
+    """``profiles`` as a checked ProfileSet (None stays None)."""
+    if profiles is None:
+        return None
+    from tangram_opt.cost import LayerProfile, ProfileSet, check_profiles, load_profiles
+
+    if isinstance(profiles, (str, Path)):
+        profiles = load_profiles(profiles)
+    elif isinstance(profiles, LayerProfile):
+        profiles = ProfileSet([profiles])
+    elif not isinstance(profiles, ProfileSet):
+        try:
+            items = list(profiles)
+        except TypeError:
+            items = None
+        if items is None or not all(isinstance(p, LayerProfile) for p in items):
+            raise SpecError("profiles", type(profiles).__name__, "is not a profile set, a layer profile, a list of "
+                            "them, or a path", "pass tangram_opt.cost.load_profiles(DIR) or the directory")
+        profiles = ProfileSet(items)
+    check_profiles(profiles, model, training.seq_len, training.precision)
+    return profiles
 
 
 def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("simulator not available: skipping timeline.png", file=sys.stderr)
         else:
-            res = simulate(pf.plan, pf.cluster, pf.model, pf.training_or_default)
+            res = simulate(pf.plan, pf.cluster, pf.model, pf.training_or_default, **pf.cost_inputs)
             peak = res.peak_memory_bytes
             written.append(out / f"timeline.{args.format}")
             plot_timeline(res, save_path=written[-1])

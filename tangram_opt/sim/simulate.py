@@ -550,12 +550,13 @@ def no_cross_pipeline_sync(plan: Plan, pipelines: Sequence[PipelineResult]) -> f
 
 def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
              cost: CostModel | None = None, calibration: Calibration | None = None, moe_load_imbalance: float = 1.0,
-             schedule: str | None = None, cross_pipeline_sync: CrossPipelineSync | None = None) -> SimulationResult:
+             profiles: Any = None, schedule: str | None = None,
+             cross_pipeline_sync: CrossPipelineSync | None = None) -> SimulationResult:
     """Replay one training step of ``plan`` on ``cluster`` (see the module docstring).
 
     Stage costs come from ``cost`` (default: ``CostModel(model, training, calibration=...,
-    moe_load_imbalance=...)``, what ``solve`` uses with the same options); pass the same options the
-    plan was made with. ``schedule`` overrides each pipeline's schedule (e.g. replay a 1F1B plan
+    moe_load_imbalance=..., profiles=...)``, what ``solve`` uses with the same options); pass the
+    same options the plan was made with. ``schedule`` overrides each pipeline's schedule (e.g. replay a 1F1B plan
     under GPipe). The plan should pass :func:`tangram_opt.sim.validate.validate` first; a plan
     naming an unknown island or an invalid configuration raises :class:`SpecError`.
 
@@ -563,7 +564,8 @@ def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingS
     ``cross_pipeline_sync(plan, pipeline_results)`` (default: the all-reduce priced by
     :mod:`tangram_opt.sim.cross_sync`) and then the slowest stage's optimizer update.
     """
-    cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance)
+    cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance,
+                             profiles=profiles)
     islands = island_by_name(cluster)
     results: list[PipelineResult] = []
     events: list[TraceEvent] = []

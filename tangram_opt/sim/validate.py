@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tangram_opt import units as u
 from tangram_opt.cost import RECOMPUTE_MODES, ZERO_STAGES, CostModel
@@ -76,9 +77,10 @@ class PlanValidationError(SpecError):
 
 def validate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
              cost: CostModel | None = None, calibration: Calibration | None = None,
-             moe_load_imbalance: float = 1.0) -> list[Violation]:
+             moe_load_imbalance: float = 1.0, profiles: Any = None) -> list[Violation]:
     """Every rule ``plan`` breaks (empty when it is valid). See the module docstring for the rules."""
-    cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance)
+    cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance,
+                             profiles=profiles)
     out: list[Violation] = []
 
     def bad(pi: int | None, k: int | None, field: str, message: str) -> None:

@@ -1,0 +1,147 @@
+"""solve's measured inputs (profiles, calibration files) and its numeric options.
+
+A profile or calibration changes the prices the search optimizes and the simulator replays with; a
+profile of another run is refused, and a knob no search can honour is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tangram_opt.cost import (DEFAULT_CALIBRATION, CostModel, LayerProfile, ProfileEntry, StageConfig, model_shape,
+                              save_calibration, save_profile)
+from tangram_opt.errors import SpecError
+from tangram_opt.planner.islands import find_islands
+from tangram_opt.planner.search import solve
+from tangram_opt.sim import simulate
+from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
+
+MODEL = "opt-350m"
+TRAINING = TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16")
+
+
+def _cluster():
+    return make_cluster("two-a100", [{"name": "a100", "gpu": "A100-80", "nodes": 1, "gpus_per_node": 4,
+                                                 "nic_gbps": 400}])
+
+
+def _slow_profile(factor: float) -> LayerProfile:
+    """A measured profile of the A100-80 whose dense blocks take ``factor`` times the computed time."""
+    model, cluster = load_model(MODEL), _cluster()
+    cost = CostModel(model, TRAINING)
+    node = find_islands(cluster)[0].node
+    entries = []
+    for tp in (1, 2, 4):
+        for mb in (1, 2, 4, 8):
+            c = cost.layer(node, StageConfig(tp=tp, micro_batch_size=mb), "dense")
+            entries.append(ProfileEntry(kind="dense", tp=tp, micro_batch_size=mb,
+                                        fwd_time_s=factor * c.breakdown["compute_fwd"],
+                                        bwd_time_s=factor * c.breakdown["compute_bwd"]))
+    return LayerProfile(model="another name", gpu="A100-80", seq_len=TRAINING.seq_len, precision="fp16",
+                        entries=tuple(entries), includes_tp_comm=False, model_shape=model_shape(model))
+
+
+def test_profiles_from_a_directory_price_the_plan_and_the_replay(tmp_path):
+    save_profile(_slow_profile(3.0), tmp_path / "a100-80.json")
+    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False)
+    measured = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False, profiles=tmp_path)
+    assert measured.step_time_s > 1.5 * base.step_time_s
+    model = load_model(MODEL)
+    replay = simulate(measured, _cluster(), model, TRAINING, profiles=_slow_profile(3.0))
+    assert replay.step_time_s == pytest.approx(measured.step_time_s, rel=0.02)
+    # the same plan replayed without the profile is much faster: the profile was really used
+    assert simulate(measured, _cluster(), model, TRAINING).step_time_s < 0.7 * measured.step_time_s
+
+
+def test_profiles_of_another_run_are_refused_before_the_search(tmp_path):
+    save_profile(_slow_profile(1.0), tmp_path / "p.json")
+    with pytest.raises(SpecError) as exc:
+        solve(_cluster(), MODEL, TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16"),
+              time_limit_s=5, profiles=tmp_path / "p.json")
+    assert exc.value.field == "profile.seq_len"
+    with pytest.raises(SpecError) as exc:
+        solve(_cluster(), "llama-2-7b", TRAINING, time_limit_s=5, profiles=tmp_path)
+    assert exc.value.field.startswith("profile.model_shape.")
+    with pytest.raises(SpecError) as exc:
+        solve(_cluster(), MODEL, TRAINING, time_limit_s=5, profiles=[{"not": "a profile"}])
+    assert exc.value.field == "profiles"
+
+
+def test_calibration_file_path_is_read(tmp_path):
+    slow = DEFAULT_CALIBRATION.with_gpu("A100-80", matmul_efficiency=0.3, attention_efficiency=0.2,
+                                        attention_bwd_efficiency=0.15)
+    path = tmp_path / "cal.yaml"
+    save_calibration(slow, path)
+    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False)
+    cal = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False, calibration=str(path))
+    assert cal.step_time_s > 1.3 * base.step_time_s
+    with pytest.raises(SpecError) as exc:
+        solve(_cluster(), MODEL, TRAINING, time_limit_s=5, calibration=3)
+    assert exc.value.field == "calibration"
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"time_limit_s": -5}, "time_limit_s"), ({"time_limit_s": math.nan}, "time_limit_s"),
+    ({"time_limit_s": math.inf}, "time_limit_s"),
+    ({"time_limit_s": "60"}, "time_limit_s"), ({"threads": 0}, "threads"), ({"threads": 1.5}, "threads"),
+    ({"seed": -1}, "seed"), ({"rel_gap": math.nan}, "rel_gap"), ({"rel_gap": -0.1}, "rel_gap"),
+    ({"moe_load_imbalance": math.nan}, "moe_load_imbalance"), ({"moe_load_imbalance": 0.5}, "moe_load_imbalance"),
+])
+def test_numeric_options_no_search_can_honour_are_errors(kw, field):
+    with pytest.raises(SpecError) as exc:
+        solve(load_cluster("tiny-mixed"), MODEL, TRAINING, **kw)
+    assert exc.value.field == field
+
+
+def test_profile_file_written_by_save_profile_records_the_shape(tmp_path):
+    save_profile(_slow_profile(1.0), tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["model_shape"]["hidden_size"] == load_model(MODEL).hidden_size
+
+
+def _run_cli(*args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("TANGRAM_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "tangram_opt", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.fixture()
+def cluster_file(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("name: two-a100\nnode_groups:\n  - {name: a100, gpu: A100-80, nodes: 1, gpus_per_node: 4, "
+                    "nic_gbps: 400}\n")
+    return path
+
+
+def test_cli_plan_with_measured_inputs_and_simulate_replays_with_them(tmp_path, cluster_file):
+    prof_dir = tmp_path / "profiles"
+    prof_dir.mkdir()
+    save_profile(_slow_profile(3.0), prof_dir / "a100-80.json")
+    other = _slow_profile(1.0)
+    save_profile(LayerProfile(model=other.model, gpu="H100", seq_len=other.seq_len, precision=other.precision,
+                              entries=other.entries, model_shape=other.model_shape), prof_dir / "h100.json")
+    cal = tmp_path / "cal.yaml"
+    save_calibration(DEFAULT_CALIBRATION.with_gpu("A100-80", matmul_efficiency=0.5), cal)
+    out = tmp_path / "plan.json"
+    res = _run_cli("plan", "--cluster", str(cluster_file), "--model", MODEL, "--batch", "8", "--seq", "1024",
+                   "--precision", "fp16", "--time-limit", "10", "--quiet", "--profiles", str(prof_dir),
+                   "--calibration", str(cal), "--output", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "measured profiles for A100-80" in res.stderr
+    assert "profiles not used (no such GPU in two-a100): H100-SXM" in res.stderr
+    data = json.loads(out.read_text())
+    assert data["profiles"][0]["gpu"] == "A100-80" and data["calibration"]["gpus"]["A100-80"]["matmul_efficiency"] == 0.5
+    sim = _run_cli("simulate", str(out))
+    assert sim.returncode == 0, sim.stderr
+    assert "+0.00%" in sim.stdout or "-0.00%" in sim.stdout, sim.stdout  # replayed with the same prices
+    bad = _run_cli("plan", "--cluster", str(cluster_file), "--model", MODEL, "--batch", "8", "--seq", "2048",
+                   "--precision", "fp16", "--time-limit", "5", "--quiet", "--profiles", str(prof_dir))
+    assert bad.returncode != 0 and "profile.seq_len" in bad.stderr and "Traceback" not in bad.stderr
