@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 import tangram_opt as to
+from tangram_opt.cost import ATTENTION_KERNELS
 from tangram_opt.errors import SpecError, TangramError
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
@@ -59,7 +60,7 @@ GENERATIONS: dict[str, str] = {
 DEFAULT_NIC_GBPS_PER_GPU: dict[str, float] = {"V100": 100.0, "A100": 200.0, "H100": 400.0, "H200": 400.0,
                                               "Blackwell": 400.0}
 
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8")
 RECOMPUTE = ("none", "selective", "full")
 ZERO = (0, 1, 2, 3)
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
@@ -71,7 +72,7 @@ _RUN_REQUIRED = (
     "tp", "pp", "cp", "ep", "dp", "zero", "fsdp", "virtual_pipeline", "recompute", "recompute_detail",
     "precision", "precision_detail", "attention", "measured", "representable", "note", "source",
 )
-_RUN_OPTIONAL = ("gpu_note",)
+_RUN_OPTIONAL = ("gpu_note", "attention_kernel")
 _MEASURED_KEYS = ("tokens_per_s_per_gpu", "step_time_s", "mfu", "model_tflops_per_gpu", "peak_memory_gib")
 _SOURCE_KEYS = ("url", "table", "version", "accessed", "note")
 
@@ -132,6 +133,8 @@ class PublishedRun:
     precision: str
     precision_detail: str
     attention: str | None
+    #: the attention kernel the run used when it is not the GPU's default (tangram_opt.cost.ATTENTION_KERNELS)
+    attention_kernel: str | None
     measured: Measured
     representable: bool
     note: str
@@ -280,6 +283,10 @@ def _parse_run(i: int, row: Any, shapes: Mapping[str, Any], src: str) -> Publish
     rec = row["recompute"]
     if rec is not None and rec not in RECOMPUTE:
         raise _err(f"{w}.recompute", rec, f"must be one of {', '.join(RECOMPUTE)} or null", source=src)
+    kernel = row.get("attention_kernel")
+    if kernel is not None and kernel not in ATTENTION_KERNELS:
+        raise _err(f"{w}.attention_kernel", kernel, f"must be one of {', '.join(ATTENTION_KERNELS)} or absent",
+                   source=src)
     prec = row["precision"]
     if prec not in PRECISIONS:
         raise _err(f"{w}.precision", prec, f"must be one of {', '.join(PRECISIONS)}", source=src)
@@ -321,7 +328,8 @@ def _parse_run(i: int, row: Any, shapes: Mapping[str, Any], src: str) -> Publish
         fsdp=_str(f"{w}.fsdp", row["fsdp"], allow_none=True, src=src), virtual_pipeline=vp, recompute=rec,
         recompute_detail=_str(f"{w}.recompute_detail", row["recompute_detail"], allow_none=True, src=src),
         precision=prec, precision_detail=_str(f"{w}.precision_detail", row["precision_detail"], src=src),
-        attention=_str(f"{w}.attention", row["attention"], allow_none=True, src=src), measured=measured,
+        attention=_str(f"{w}.attention", row["attention"], allow_none=True, src=src), attention_kernel=kernel,
+        measured=measured,
         representable=row["representable"], note=_str(f"{w}.note", row["note"], src=src), source=source)
 
 
@@ -445,15 +453,19 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
         notes.append("fp8 run planned at bf16")
     if run.virtual_pipeline is not None and run.virtual_pipeline > 1:
         notes.append(f"virtual pipeline {run.virtual_pipeline} planned as plain 1F1B")
-    training = to.TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision="bf16")
+    precision = "bf16" if run.precision == "fp8" else run.precision
+    training = to.TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=precision)
+    if run.attention_kernel is not None:
+        notes.append(f"attention kernel {run.attention_kernel} (as published)")
     candidates = micro_batch_candidates(run)
     t0 = time.perf_counter()
     plan, failure, space_notes = None, None, []
     for mbs in candidates:  # one solve per micro-batch size (a single one when it is published)
         space, space_notes = search_space(run, mbs)
         try:
+            provider = _provider(run, training, space, cost_model_kwargs)
             p = to.solve(cluster, run.model, training, space=space, time_limit_s=time_limit_s / len(candidates),
-                         rel_gap=rel_gap, multi_pipeline=False, **cost_model_kwargs)
+                         rel_gap=rel_gap, multi_pipeline=False, provider=provider, **cost_model_kwargs)
         except TangramError as e:
             failure = failure or e
             continue
@@ -485,6 +497,19 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
         peak_memory_gib=max(s.memory_bytes for s in stages) / 2**30, gpus_used=gpus, num_stages=len(stages),
         plan_config=f"pp {len(stages)} x [{cfg_txt}]", matches_published=matches, approximations=tuple(notes),
         solve_time_s=solve_s)
+
+
+def _provider(run: PublishedRun, training: to.TrainingSpec, space: to.SearchSpace, kwargs: Mapping[str, Any]) -> Any:
+    """Candidates priced with the run's attention kernel when it is not the GPU's default (the public
+    ``solve`` picks the kernel by GPU generation; a 2022 Megatron run had no flash attention)."""
+    if run.attention_kernel is None:
+        return None
+    from tangram_opt.cost import CostModel
+    from tangram_opt.planner.candidates import AnalyticalCandidates
+
+    cm = CostModel(run.model, training, attention_kernel=run.attention_kernel,
+                   **{k: v for k, v in kwargs.items() if k in ("calibration", "moe_load_imbalance", "profiles")})
+    return AnalyticalCandidates(run.model, cm, space)
 
 
 @dataclass(frozen=True, slots=True)

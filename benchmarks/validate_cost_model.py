@@ -14,10 +14,11 @@ Sailor's measured intra-node bandwidths for the TP links of those machines (with
 it fits one compute scale and one memory efficiency per GPU type to the same data, to show how much
 of the error is a per-GPU constant.
 
-Part 2 plans every published end-to-end run of benchmarks/validation/published_runs.yaml (A100,
-H100 and GB200; dense and MoE; llm-foundry, Megatron-LM and NeMo) with its published
-configuration and compares the predicted tokens/s per GPU (or MFU, where only MFU is published)
-with the published figure (benchmarks/validation/published.py).
+Part 2 plans every published end-to-end run of benchmarks/data/published_runs.yaml (A100, H100,
+B200 and GB200; dense and MoE; llm-foundry, torchtitan, Megatron-LM, NeMo / Megatron-Bridge, NeMo
+AutoModel, Meta's Llama 3) with its published configuration and compares the predicted tokens/s
+per GPU (or MFU, where only MFU is published) with the published figure
+(benchmarks/published_runs.py).
 """
 
 from __future__ import annotations
@@ -272,30 +273,41 @@ def implied_tp_bandwidth(rows: list[Row], pred: Predictor, cal: Calibration) -> 
 
 
 def part2(fast: bool = False) -> list[Any]:
-    """Published end-to-end runs (benchmarks/validation/published_runs.yaml), planned as published."""
-    from benchmarks.validation.published import load_runs, predict, summarize
+    """Published end-to-end runs (benchmarks/data/published_runs.yaml), planned as published."""
+    from benchmarks.published_runs import compare, load_runs, predict, summarize
 
     print("\n" + "=" * 100)
     print("Part 2: published end-to-end runs, planned with their published configuration (default calibration)")
     print("=" * 100)
-    print(f"  {'run':<40} {'GPUs':>5} {'published':>11} {'predicted':>11} {'err':>7}  {'MFU pred':>8}  note")
-    preds = []
+    print(f"  {'run':<46} {'GPUs':>5} {'metric':<7} {'published':>10} {'predicted':>10} {'err':>7} {'MFU':>6}  "
+          "approximations")
+    comps = []
     for run in load_runs():
         p = predict(run, time_limit_s=5.0 if fast else 20.0)
-        preds.append(p)
-        if run.tokens_per_s_per_gpu:
-            pub, pred = f"{run.tokens_per_s_per_gpu:,.0f} t/s", f"{p.tokens_per_s_per_gpu:,.0f} t/s" \
-                if p.tokens_per_s_per_gpu else "-"
-        else:
-            pub, pred = f"MFU {100 * run.mfu:.1f}%", f"MFU {100 * p.mfu:.1f}%" if p.mfu else "-"
-        err = f"{100 * p.error:+6.1f}%" if p.error is not None else "   n/a"
-        mfu = f"{100 * p.mfu:7.1f}%" if p.mfu else "       -"
-        print(f"  {run.id:<40} {run.gpus:>5} {pub:>11} {pred:>11} {err}  {mfu}  {p.note}")
-    print("\n  GPU generation      n   median |err|   median err"
-          "   (throughput per GPU; MFU where only MFU is published)")
-    for gen, st in sorted(summarize(preds).items(), key=lambda kv: (kv[0] == "all", kv[0])):
-        print(f"  {gen:<15} {st['n']:>5} {100 * st['median_abs']:13.1f}% {100 * st['median']:+11.1f}%")
-    return preds
+        c = compare(run, p)
+        comps.append(c)
+        short = {"tokens_per_s_per_gpu": "tok/s", "mfu": "MFU", "model_tflops_per_gpu": "TFLOP/s"}[c.metric]
+        fmt = (lambda v: f"{v:.3f}") if c.metric == "mfu" else (lambda v: f"{v:,.0f}")
+        pub = fmt(c.published) if c.published is not None else "-"
+        val = fmt(c.predicted) if c.predicted is not None else "-"
+        err = f"{100 * c.error:+.0f}%" if c.error is not None else "-"
+        mfu = f"{p.mfu:.3f}" if p.mfu is not None else "-"
+        notes = "; ".join(([p.error.split(":")[0] + " (no plan)"] if p.error else [])
+                          + [a for a in p.approximations if "assumed" not in a])
+        print(f"  {run.id:<46} {run.num_gpus:>5} {short:<7} {pub:>10} {val:>10} {err:>7} {mfu:>6}  {notes}")
+    stats = summarize(comps)
+    rep = summarize(c for c in comps if c.run.representable)
+    print("\n  group           n   median |err|   median err   (predicted / published - 1; tokens/s per GPU, "
+          "MFU where only MFU is published)")
+    for gen, st in sorted(stats.items(), key=lambda kv: (kv[0] != "all", kv[0])):
+        print(f"  {gen:<12} {st['n']:>4} {100 * st['median_abs']:13.1f}% {100 * st['median']:+11.1f}%")
+    if "all" in rep:
+        st = rep["all"]
+        print(f"  {'representable':<12} {st['n']:>4} {100 * st['median_abs']:13.1f}% {100 * st['median']:+11.1f}%"
+              "   (every published setting is one tangram_opt states)")
+    failed = [c.run.id for c in comps if c.prediction.error]
+    print(f"  no plan (the model says the published configuration does not fit): {', '.join(failed) or 'none'}")
+    return comps
 
 
 def main(argv: list[str] | None = None) -> int:

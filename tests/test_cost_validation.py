@@ -1,4 +1,4 @@
-"""The validation benchmark runs, covers every measured profile, and reproduces Megatron-LM's MFU."""
+"""The validation benchmark runs, covers every measured profile, and stays within its recorded errors."""
 
 from __future__ import annotations
 
@@ -34,31 +34,21 @@ def test_every_sailor_block_measurement_is_compared(bench):
     assert sorted(errs)[len(errs) // 2] < 0.15
 
 
-def test_published_runs_load_and_cover_three_generations_dense_and_moe():
+def test_published_runs_are_predicted_within_the_recorded_errors():
+    """Regression guard of docs/results/cost_model_validation.md with the default calibration: the
+    rows whose whole configuration tangram_opt states (representable) and the A100 generation stay
+    within 10% median |error|, and every run of Megatron-LM's A100 GPT series within 10%. Rows with
+    what the model does not state (fp8, interleaved stages, per-op checkpointing) are reported on the
+    page, not guarded."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.validation.published import load_runs
+    from benchmarks.published_runs import compare, load_runs, predict, summarize
 
-    runs = load_runs()
-    assert len(runs) >= 20 and len({r.id for r in runs}) == len(runs)
-    assert {r.generation for r in runs} >= {"A100", "H100", "Blackwell"}
-    assert any(r.model.moe for r in runs) and any(not r.model.moe for r in runs)
-    assert all(r.source["url"].startswith("https://") for r in runs)
-    assert all((r.tokens_per_s_per_gpu or 0) > 0 or 0 < (r.mfu or 0) < 1 for r in runs)
-
-
-def test_published_runs_are_predicted_within_the_targets(bench):
-    """The default calibration against every published run (regression guard of
-    docs/results/cost_model_validation.md: median |error| <= 10% overall, <= 15% per generation)."""
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.validation.published import load_runs, predict, summarize
-
-    preds = [predict(r, time_limit_s=5.0) for r in load_runs()]
-    assert all(p.error is not None for p in preds), [p.note for p in preds if p.error is None]
-    stats = summarize(preds)
-    assert stats["all"]["median_abs"] <= 0.10, stats
-    assert all(st["median_abs"] <= 0.15 for st in stats.values()), stats
-    megatron = [p for p in preds if p.run.id.startswith("megatron")]
-    assert len(megatron) == 4 and all(abs(p.error) < 0.15 for p in megatron)
+    comps = [compare(r, predict(r, time_limit_s=5.0)) for r in load_runs()]
+    rep = summarize(c for c in comps if c.run.representable)
+    assert rep["all"]["n"] >= 18 and rep["all"]["median_abs"] <= 0.10, rep
+    assert summarize(comps)["A100"]["median_abs"] <= 0.10
+    megatron = [c for c in comps if c.run.id.startswith("megatron-2022")]
+    assert len(megatron) == 4 and all(abs(c.error) < 0.10 for c in megatron), [c.error for c in megatron]
 
 
 def test_benchmark_prints_tables(bench, capsys):

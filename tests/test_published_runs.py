@@ -59,7 +59,7 @@ def test_rows_are_consistent(runs):
         assert r.tp * r.pp * r.cp * r.dp == r.num_gpus, r.id
         if r.micro_batch_size is not None:
             assert r.global_batch_size % (r.micro_batch_size * r.dp) == 0, r.id
-        assert r.precision in ("bf16", "fp8"), r.id
+        assert r.precision in ("bf16", "fp16", "fp8"), r.id
         if r.precision == "fp8" or (r.virtual_pipeline or 1) > 1:
             assert not r.representable, r.id
         m = r.measured
