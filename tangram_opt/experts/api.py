@@ -22,8 +22,9 @@ import numpy as np
 
 from tangram_opt.errors import InfeasibleError, SpecError
 from tangram_opt.experts.bounds import best_lower_bound
+from tangram_opt.experts.differencing import differencing_placement
 from tangram_opt.experts.greedy import greedy_placement
-from tangram_opt.experts.improve import local_search
+from tangram_opt.experts.improve import iterated_local_search, local_search
 from tangram_opt.experts.mip import build_and_solve
 from tangram_opt.experts.placement import Certificate, Placement, build_placement, cross_node_tokens, moved_experts
 from tangram_opt.experts.problem import PlacementProblem, make_problem
@@ -35,6 +36,10 @@ DEFAULT_PLACEMENT_BACKEND = "highs"
 DEFAULT_REL_GAP = 1e-3
 #: share of time_limit_s kept back from the MIP backend for building its model and polishing its answer
 POST_SOLVE_MARGIN = 0.1
+
+
+def _max_load(served: Sequence[dict[int, float]]) -> float:
+    return max(sum(d.values()) for d in served)
 
 
 def _objective(p: PlacementProblem, served: Sequence[dict[int, float]], alpha: float, beta: float) -> float:
@@ -114,15 +119,29 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
                 starts.append(greedy_placement(flat)[1])
             except InfeasibleError:
                 pass
+        diff = differencing_placement(p)  # every rank at exactly S items: strong when slots are full
+        if diff is not None:
+            starts.append(diff)
     ls_budget = min(0.25 * time_limit_s, 2.0) if local_search_s is None else local_search_s
+    t_ls = time.perf_counter()
+    # the bound first (cheap): the searches stop once the hottest rank is within rel_gap of it
+    upper = min((_max_load(s) for s in starts), default=None)
+    target = None
+    if starts and alpha == 0 and beta == 0:
+        target = best_lower_bound(p, upper=upper).value * (1 + 0.5 * rel_gap)
     candidates = list(starts)
     for s in starts:
-        candidates.append(local_search(p, s, time_limit_s=ls_budget / max(1, len(starts))))
+        candidates.append(local_search(p, s, time_limit_s=ls_budget / (len(starts) + 1), target=target))
     best: list[dict[int, float]] | None = None
     if candidates:
         best = min(candidates, key=lambda s: _objective(p, s, alpha, beta))
+        if target is None or _max_load(best) > target:
+            left = max(0.0, ls_budget - (time.perf_counter() - t_ls))
+            kicked = iterated_local_search(p, best, time_limit_s=left, target=target, seed=seed)
+            if _objective(p, kicked, alpha, beta) < _objective(p, best, alpha, beta):
+                best = kicked
         best = _polish(p, best, alpha, beta)
-    lb = best_lower_bound(p, upper=max(sum(d.values()) for d in best) if best is not None else None)
+    lb = best_lower_bound(p, upper=_max_load(best) if best is not None else None)
     bound_obj, load_bound, source = lb.value, lb.value, lb.source
     status, used_backend, note = "feasible", "", ""
     inc = _objective(p, best, alpha, beta) if best is not None else math.inf
