@@ -1,7 +1,7 @@
 """``tangram-opt``: plan, show, simulate and export from the command line.
 
 Verbs (``tangram-opt <verb> --help`` for each): ``plan``, ``show``, ``simulate``, ``islands``,
-``clusters``, ``models``, ``experts``, ``bench``. Exit codes (docs/cli.md):
+``clusters``, ``models``, ``experts``, ``profile``, ``calibrate``, ``bench``. Exit codes (docs/cli.md):
 
 ====  ==========================================================================================
 0     success (``plan``: a plan was found)
@@ -9,7 +9,7 @@ Verbs (``tangram-opt <verb> --help`` for each): ``plan``, ``show``, ``simulate``
 2     bad input: a wrong argument, file or field (:class:`SpecError`, :class:`FormatError`, an unwritable path)
 3     infeasible: nothing in the plan space fits (:class:`InfeasibleError`)
 4     no plan within the time limit (:class:`NoSolutionError`)
-5     a required component is unavailable: solver backend, simulator, expert placement, benchmarks
+5     a required component is unavailable: solver backend, PyTorch (profile), simulator, expert placement, benchmarks
 130   interrupted (Ctrl-C)
 ====  ==========================================================================================
 
@@ -157,6 +157,11 @@ EXAMPLES = {
   tangram-opt profile --model tiny.json --gpu-name A100-40 --device cpu --precision fp32 --seq 32 \\
       --micro-batch-sizes 1,2 --tp 1,2 --output /tmp/prof     # CPU: tests the workflow, not a GPU's speed
   then: tangram-opt plan --cluster my_cluster.yaml --model llama-3-8b --seq 4096 --profiles profiles/
+""",
+    "calibrate": """examples:
+  tangram-opt calibrate measured_steps.yaml --output my_calibration.yaml
+  tangram-opt calibrate steps.csv --base my_calibration.yaml --output my_calibration.yaml
+  then: tangram-opt plan --cluster my_cluster.yaml --model llama-3-8b --calibration my_calibration.yaml
 """,
     "bench": """examples:
   tangram-opt bench --quick
@@ -328,6 +333,18 @@ docs: docs/cli.md""")
     pr.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     pr.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     pr.add_argument("--width", type=_positive_int, default=None, help="table width in columns")
+
+    # calibrate -------------------------------------------------------------------------------------
+    ca = verb("calibrate", "fit a calibration file to training steps you measured",
+              "Plan each measured run as it was launched, fit one compute factor per GPU type so the predicted "
+              "step times match, print every run's error before and after, and write a calibration file that "
+              "'plan --calibration' and solve(calibration=...) read. File format: tangram_opt.calibrate.")
+    ca.add_argument("measurements", metavar="FILE", help="measured runs: YAML/JSON (runs: [...]) or CSV, one run each")
+    ca.add_argument("--output", "-o", metavar="FILE", required=True, help="calibration file to write (YAML)")
+    ca.add_argument("--base", metavar="FILE", help="calibration to start from (default: the shipped table)")
+    ca.add_argument("--time-limit", type=_seconds, default=10.0, metavar="S",
+                    help="solver time limit per planned run in seconds (default 10)")
+    ca.add_argument("--width", type=_positive_int, default=None, help="table width in columns")
 
     # bench -----------------------------------------------------------------------------------------
     be = verb("bench", "run the benchmark suite (python -m benchmarks.run)",
@@ -575,6 +592,16 @@ def _cost_inputs(args: argparse.Namespace, cluster: Any, model: Any, training: A
     from tangram_opt.cost import check_profiles, load_calibration, load_profiles
 
     calibration = load_calibration(args.calibration) if args.calibration else None
+    if calibration is not None:
+        from tangram_opt.specs._io import load_structured_file
+        from tangram_opt.specs.hardware import get_gpu_type
+
+        listed = {get_gpu_type(str(g)).name for g in (load_structured_file(args.calibration).get("gpus") or {})}
+        types = sorted({g.gpu.name for g in cluster.node_groups})
+        named = [t for t in types if t in listed]
+        _note(f"calibration {args.calibration}: its own entries for {', '.join(named) or 'no GPU type here'}"
+              + (f"; its defaults for {', '.join(t for t in types if t not in listed)}" if len(named) < len(types)
+                 else ""))
     profiles = None
     if args.profiles:
         profiles = load_profiles(args.profiles)
@@ -929,6 +956,54 @@ def _profile_table(result: Any) -> Any:
     return Group(*out)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rich import box
+    from rich.table import Table
+
+    from tangram_opt.calibrate import fit_measurements, load_measurements
+    from tangram_opt.cost import load_calibration, save_calibration
+
+    runs = load_measurements(args.measurements)
+    base = load_calibration(args.base) if args.base else None
+    out = Path(args.output)
+    if out.parent and not out.parent.exists():
+        raise SpecError("--output", args.output, "is in a directory that does not exist", "create it first")
+    _note(f"fitting {len(runs)} measured run(s) of {', '.join(sorted({r.gpu for r in runs}))}")
+    fit = fit_measurements(runs, base, time_limit_s=args.time_limit)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("run", "GPU", "GPUs", "measured s", "before s", "error", "after s", "error"):
+        t.add_column(name, justify="left" if name in ("run", "GPU") else "right", no_wrap=True)
+
+    def pct(e: float | None) -> str:
+        return "-" if e is None else f"{100 * e:+.1f}%"
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in fit.runs:
+        t.add_row(r.run.name, r.run.gpu, str(r.run.num_gpus), sec(r.run.step_time_s), sec(r.before_s),
+                  pct(r.before_error), sec(r.after_s), pct(r.after_error))
+    _print(t, args.width)
+    for r in fit.runs:
+        if r.problem:
+            _note(f"{r.run.name}: not planned as measured ({r.problem})")
+    for gpu, scale in sorted(fit.scales.items()):
+        _note(f"{gpu}: compute efficiencies x {scale:.3f}")
+    before, after = fit.median_abs_error("before"), fit.median_abs_error("after")
+    if before is not None and after is not None:
+        _note(f"median |error|: {100 * before:.1f}% before, {100 * after:.1f}% after")
+    for w in fit.warnings:
+        _note(f"warning: {w}")
+    if not fit.scales:
+        raise SpecError("measurements", args.measurements, "no run could be planned as measured",
+                        "check each run's configuration (the notes above say why)")
+    header = (f"tangram_opt calibration fitted by 'tangram-opt calibrate {args.measurements}' to "
+              f"{sum(r.after_s is not None for r in fit.runs)} measured run(s)")
+    save_calibration(fit.calibration, out, gpus=sorted(fit.scales), sources=fit.sources(), header=header)
+    _note(f"calibration written: {out} (use: tangram-opt plan ... --calibration {out})")
+    return EXIT_OK
+
+
 def _find_benchmarks() -> Path | None:
     """The directory that holds ``benchmarks/run.py``: ``$TANGRAM_BENCH_ROOT`` if set, else the current
     directory or the source checkout this tangram_opt was installed from (``pip install -e``)."""
@@ -957,7 +1032,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "show": cmd_show, "simulate": cmd_simulate, "islands": cmd_islands, "clusters": cmd_clusters,
-    "models": cmd_models, "experts": cmd_experts, "profile": cmd_profile, "bench": cmd_bench,
+    "models": cmd_models, "experts": cmd_experts, "profile": cmd_profile, "calibrate": cmd_calibrate,
+    "bench": cmd_bench,
 }
 
 
