@@ -17,7 +17,8 @@ all cooler ranks ``B``, picks the move that lowers ``max(L_A, L_B)`` the most:
   Martello, J. Heuristics 10, 2004).
 
 ``A`` is the hottest rank; when it has no improving move, the next hottest ranks are tried in turn (a
-move there does not lower the maximum but makes room for later moves of the hottest). Every accepted move
+move there does not lower the maximum but makes room for later moves of the hottest), unless the hottest rank
+is already within the caller's ``target`` (the bound plus half the gap tolerance). Every accepted move
 lowers the sorted load vector lexicographically, so the search ends; it stops when no rank has an improving
 move or the time budget is spent. All moves respect slots, memory and "one replica of an expert per rank".
 The exact shares for the final replica set then come from the split LP (:mod:`.split`).
@@ -36,25 +37,25 @@ from tangram_opt.experts.problem import PlacementProblem
 
 def local_search(p: PlacementProblem, served: Sequence[dict[int, float]], *, time_limit_s: float = 1.0,
                  max_steps: int = 100_000, target: float | None = None) -> list[dict[int, float]]:
-    """Improve ``served[r][e]`` (a valid placement) by moves between ranks; returns a new one. Stops early
-    once the hottest rank is at most ``target``."""
+    """Improve ``served[r][e]`` (a valid placement) by moves between ranks; returns a new one. Moves of the
+    hottest rank go on until none improves; moves of the cooler ranks (which only make room) stop once the
+    hottest rank is at most ``target``."""
     t_end = time.perf_counter() + time_limit_s
     st = _State(p, served)
     for _ in range(max_steps):
-        if time.perf_counter() > t_end or (target is not None and max(st.load) <= target):
+        if time.perf_counter() > t_end:
             break
         order = sorted(range(p.ranks), key=lambda r: -st.load[r])
+        move = None
         for i, A in enumerate(order[:-1]):
-            if i and time.perf_counter() > t_end:
+            if i and (time.perf_counter() > t_end or (target is not None and st.load[order[0]] <= target)):
                 break
-            move = st.best_move(A, allow_replicate=(i == 0))
-            if move is None:
-                move = st.best_exchange(A)
+            move = st.best_move(A, allow_replicate=(i == 0)) or st.best_exchange(A)
             if move is not None:
-                st.apply(move)
                 break
-        else:
+        if move is None:
             break
+        st.apply(move)
     return st.s
 
 
