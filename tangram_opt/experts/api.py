@@ -22,6 +22,7 @@ import numpy as np
 
 from tangram_opt.errors import InfeasibleError, SpecError
 from tangram_opt.experts.bounds import best_lower_bound
+from tangram_opt.experts.cases import case_starts
 from tangram_opt.experts.differencing import differencing_placement
 from tangram_opt.experts.greedy import greedy_placement
 from tangram_opt.experts.improve import iterated_local_search, local_search
@@ -145,6 +146,14 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     bound_obj, load_bound, source = lb.value, lb.value, lb.source
     status, used_backend, note = "feasible", "", ""
     inc = _objective(p, best, alpha, beta) if best is not None else math.inf
+    if best is not None and heuristics and alpha == 0 and beta == 0 and inc - bound_obj > rel_gap * inc:
+        # few free replicas: the counts of the replica cases not refuted near the bound are other starts
+        alt = case_starts(p, lb.value, inc, time_limit_s=min(ls_budget, 0.2 * time_limit_s),
+                          target=lb.value * (1 + 0.5 * rel_gap))
+        if alt is not None:
+            alt = _polish(p, alt, alpha, beta)
+            if _objective(p, alt, alpha, beta) < inc:
+                best, inc = alt, _objective(p, alt, alpha, beta)
     if best is not None and heuristics and inc - bound_obj <= rel_gap * inc:
         status, note = "optimal", "incumbent meets the combinatorial bound; no MIP needed"
     else:

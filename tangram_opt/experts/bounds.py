@@ -35,6 +35,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 
+from tangram_opt.experts.cases import case_bound
 from tangram_opt.experts.problem import PlacementProblem
 
 
@@ -250,6 +251,8 @@ def lower_bounds(p: PlacementProblem, *, upper: float | None = None) -> list[Loa
     base = max(b.value for b in out)
     hi = upper if upper is not None else p.total_load  # no placement has a rank above W
     out.append(LoadBound(crowding_bound(p, base, hi), "crowding"))
+    base = max(b.value for b in out)
+    out.append(LoadBound(case_bound(p, base, hi), "replica-case"))
     return out
 
 
