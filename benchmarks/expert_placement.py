@@ -10,7 +10,9 @@ the new ones. Sizes (experts / ranks x slots per rank):
 * 256 / 64 x 5 (8 nodes), at most 32 redundant replicas: DeepSeek-V3-like;
 * 64 / 16 x 4 and 256 / 64 x 4 (full): every slot is needed, no expert can be replicated;
 * 256 / 32 x 9 (4 nodes), one spare slot per rank: DeepSeek-V3's prefill layout (8 experts and one
-  redundant replica per GPU), few spare slots for many hot experts.
+  redundant replica per GPU), few spare slots for many hot experts;
+* 60 / 16 x 4 (2 nodes), 4 spare slots: Qwen1.5-MoE-A2.7B's 60 routed experts on 16 GPUs, so at most four
+  experts can be split and hot whole experts crowd their ranks (the replica-case bound).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ SIZES = [  # (label, experts, ranks, nodes, slots per rank, max_redundant)
     ("64 / 16 x 4 (full)", 64, 16, 2, 4, None),
     ("256 / 64 x 4 (full)", 256, 64, 8, 4, None),
     ("256 / 32 x 9 (32 spare)", 256, 32, 4, 9, None),
+    ("60 / 16 x 4 (4 spare)", 60, 16, 2, 4, None),
 ]
 QUICK_SIZES = ("64 / 16 x 5", "64 / 16 x 4 (full)")
 PROFILES = [("zipf", 0.5), ("zipf", 1.0), ("zipf", 1.5), ("lognormal", 0.5), ("lognormal", 1.0), ("lognormal", 1.5)]
