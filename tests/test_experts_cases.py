@@ -81,7 +81,7 @@ def bounds_of(loads, slots, K=None):
 def test_replica_case_bound_is_exact_where_the_others_are_not(loads, slots, opt):
     assert exact(loads, slots) == pytest.approx(opt)
     p, b = bounds_of(loads, slots)
-    assert b["replica-case"] == pytest.approx(opt, rel=1e-6)
+    assert b["replica-case"] == pytest.approx(opt, rel=1e-4)  # bisection to a relative 1e-4
     assert max(v for k, v in b.items() if k != "replica-case") < opt - 0.4
     assert not case_infeasible(p, opt * (1 + 1e-9))
     assert case_infeasible(p, opt * (1 - 1e-3))

@@ -19,15 +19,17 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from itertools import accumulate
 
 from tangram_opt.experts.problem import PlacementProblem
 
 MAX_CASES = 1500  # count vectors examined per target; with more the test refutes nothing
-MAX_M = 16  # experts whose counts are enumerated (every expert that must be split, then the heaviest others)
+MAX_M = 12  # experts whose counts are enumerated: the heaviest, and every expert that must be split ...
+MAX_MUST = 24  # ... unless more than this many must be split (then the test refutes nothing)
 MAX_PREFIX = 10  # groups "the t heaviest of M" tested per case
 MAX_PAIRS = 6  # pairs among the heaviest of M tested per case
+CASE_TIME_S = 1.0  # time for the whole bisection of case_bound
 
 
 def _min_copies(p: PlacementProblem, T: float) -> list[int]:
@@ -55,7 +57,7 @@ class _Cases:
         self.small = [0, *accumulate(pos)]
         order = sorted(range(E), key=lambda e: -w[e])
         must = [e for e in order if c[e] >= 2]
-        if len(must) > MAX_M or math.comb(len(must) + 1 + self.free, self.free) > max_cases:
+        if len(must) > MAX_MUST or math.comb(len(must) + 1 + self.free, self.free) > max_cases:
             self.undecided = True
             return
         M = list(must)
@@ -72,95 +74,126 @@ class _Cases:
         self.cM = [c[e] for e in M]
         self.capM = [min(cmax[e], c[e] + self.free) for e in M]
 
-    def _marginals(self, a: list[int], x_rest: int, excluded: set[int], qcap: int) -> list[float]:
-        """Sorted marginal costs of other experts' replicas on ``qcap`` ranks: ``x_rest`` zeros for the split
-        experts of the rest, then for ``g`` of ``M`` the increments of ``max(0, w[g] - (a[g] - j) T)``."""
-        inc = [0.0] * x_rest
-        T = self.T
-        for gi in range(self.m):
-            if gi in excluded:
-                continue
-            ag, wg, prev = a[gi], self.wM[gi], 0.0
-            for j in range(1, min(ag, qcap) + 1):
-                cost = max(0.0, wg - (ag - j) * T)
-                inc.append(cost - prev)
-                prev = cost
-        inc.sort()
-        return inc
+    # --- one case: ``a`` (replicas of the experts of M) and ``x_rest``, set by :meth:`refuted` --------------
+    def _incs(self, cap: int) -> list[tuple[float, int]]:
+        """``(increment, expert of M)``, sorted, for the *split* experts ``g`` of ``M`` (``a[g] >= 2``): the
+        increments of ``cost_g(j) = max(0, w[g] - (a[g] - j) T)``, ``j = 1..min(a[g], cap)`` (cached per case).
+        A whole expert of ``M`` costs its load, which is at least every load of the rest (``M`` holds the
+        heaviest experts), so those come after the rest in :meth:`_cheapest`."""
+        lst = self._cache.get(cap)
+        if lst is None:
+            T, a = self.T, self.a
+            lst = []
+            for gi in self._split:
+                ag, wg, prev = a[gi], self.wM[gi], 0.0
+                for j in range(1, min(ag, cap) + 1):
+                    cost = max(0.0, wg - (ag - j) * T)
+                    lst.append((cost - prev, gi))
+                    prev = cost
+            lst.sort()
+            self._cache[cap] = lst
+        return lst
 
-    def _cheapest(self, n: int, inc: list[float], skip_rest: int = 0) -> float:
-        """Least sum of ``n`` values from ``inc`` and the whole experts of the rest (the heaviest
-        ``skip_rest`` of them left out); ``inf`` if there are fewer than ``n``."""
-        if n <= 0:
+    def _cheapest(self, n: int, cap: int, excluded: Container[int], skip_rest: int = 0) -> float:
+        """Least sum of ``n`` values of the multiset {``x_rest`` zeros; the increments of the experts of ``M``
+        outside ``excluded``, at most ``cap`` each; the loads of the rest without its ``skip_rest`` heaviest};
+        ``inf`` if it has fewer than ``n`` values."""
+        need = n - self.x_rest
+        if need <= 0:
             return 0.0
-        n_rest = len(self.rest_asc) - skip_rest
-        if n > len(inc) + n_rest:
-            return math.inf
+        incs = self._incs(cap)
+        rest = self.rest_asc
+        n_rest = len(rest) - skip_rest
+        i = j = 0
         total = 0.0
-        it = heapq.merge(inc, self.rest_asc[:max(0, min(n, n_rest))])
-        for _ in range(n):
-            total += next(it)
+        inf = math.inf
+        whole = None
+        for _ in range(need):
+            while i < len(incs) and incs[i][1] in excluded:
+                i += 1
+            vi = incs[i][0] if i < len(incs) else inf
+            if j < n_rest:
+                vr = rest[j]
+            else:  # the rest is used up: whole experts of M, lightest first
+                if whole is None:
+                    whole = [self.wM[g] for g in range(self.m - 1, -1, -1) if self.a[g] == 1 and g not in excluded]
+                k = j - n_rest
+                vr = whole[k] if k < len(whole) else inf
+            if vi <= vr:
+                if vi == inf:
+                    return inf
+                total += vi
+                i += 1
+            else:
+                total += vr
+                j += 1
         return total
 
-    def _single_fails(self, a: list[int], x_rest: int, empty: int, h: int, excluded: set[int]) -> bool:
-        """The ``a[h]`` ranks holding ``h`` (none of ``excluded`` on them) cannot stay within ``T``."""
-        ah = a[h]
+    def _single_fails(self, h: int, excluded: Container[int]) -> bool:
+        """The ``a[h]`` ranks holding ``h`` (no member of ``excluded`` on them) cannot stay within ``T``."""
+        ah = self.a[h]
         spare = ah * self.T - self.wM[h]
         if spare < -self.tol:
             return True
-        n = self.small[ah] - ah - empty
-        return n > 0 and self._cheapest(n, self._marginals(a, x_rest, excluded, ah)) > spare + self.tol
+        n = self.small[ah] - ah - self.empty
+        return n > 0 and self._cheapest(n, ah, excluded) > spare + self.tol
 
-    def _group_fails(self, a: list[int], x_rest: int, empty: int, G: list[int]) -> bool:
+    def _group_fails(self, G: list[int]) -> bool:
         """The ranks ``Q`` holding any expert of ``G`` cannot stay within ``T`` whatever ``|Q| = q``."""
+        a = self.a
         A = sum(a[g] for g in G)
         wG = sum(self.wM[g] for g in G)
         q_lo, q_hi = max(a[g] for g in G), min(A, self.Rp)
-        Gs = set(G)
-        inc = self._marginals(a, x_rest, Gs, q_hi)
+        Gs = frozenset(G)
         for q in range(q_lo, q_hi + 1):
             spare = q * self.T - wG
             if spare < -self.tol:
                 continue
-            if self._cheapest(self.small[q] - A - empty, inc) > spare + self.tol:
+            n = self.small[q] - A - self.empty
+            if n > 0 and self._cheapest(n, q_hi, Gs) > spare + self.tol:
                 continue
-            if q == A and any(self._single_fails(a, x_rest, empty, h, Gs) for h in G):
+            if q == A and any(self._single_fails(h, Gs) for h in G):
                 continue  # disjoint: each member's ranks hold no other member
             return False
         return True
 
     def refuted(self, a: list[int], x_rest: int) -> bool:
+        """Is the case (``a`` on ``M``, ``x_rest`` redundant replicas of the rest) refuted at ``T``?"""
         X = sum(ai - 1 for ai in a) + x_rest  # experts outside M have c[e] = 1
-        empty = self.sigma - X
-        if empty < 0:
+        self.a, self.x_rest, self.empty, self._cache = a, x_rest, self.sigma - X, {}
+        self._split = [g for g in range(self.m) if a[g] >= 2]
+        if self.empty < 0:
             return True
         m = self.m
         for h in range(m):
-            if self._single_fails(a, x_rest, empty, h, {h}):
+            if self._single_fails(h, (h,)):
                 return True
         if x_rest < len(self.rest):  # among the x_rest + 1 heaviest of the rest one is whole
-            wh = self.rest[x_rest]
-            n = self.small[1] - 1 - empty
-            inc = self._marginals(a, x_rest, set(), 1)
-            if n > 0 and wh + self._cheapest(n, inc, skip_rest=1) > self.T + self.tol:
+            n = self.small[1] - 1 - self.empty
+            if n > 0 and self.rest[x_rest] + self._cheapest(n, 1, (), skip_rest=1) > self.T + self.tol:
                 return True
         for t in range(2, min(m, MAX_PREFIX) + 1):
-            if self._group_fails(a, x_rest, empty, list(range(t))):
+            if self._group_fails(list(range(t))):
                 return True
         for i in range(min(m, MAX_PAIRS)):
-            for j in range(i + 2, min(m, MAX_PAIRS)):  # (i, i + 1) pairs for i = 0 are a prefix
-                if (i > 0 or j > 1) and self._group_fails(a, x_rest, empty, [i, j]):
+            for j in range(i + 1, min(m, MAX_PAIRS)):
+                if (i, j) != (0, 1) and self._group_fails([i, j]):  # (0, 1) is the prefix t = 2
                     return True
         return False
 
-    def all_refuted(self) -> bool:
+    def all_refuted(self, deadline: float = math.inf) -> bool:
+        """True if every case is refuted (False when undecided, or at ``deadline``, a ``perf_counter`` time)."""
         if self.impossible:
             return True
         if self.undecided:
             return False
         a = list(self.cM)
+        visits = [0]
 
         def dfs(i: int, left: int) -> bool:
+            visits[0] += 1
+            if visits[0] % 64 == 0 and time.perf_counter() > deadline:
+                raise TimeoutError
             if i == self.m:
                 return all(self.refuted(a, x_rest) for x_rest in range(left + 1))
             for extra in range(0, min(left, self.capM[i] - self.cM[i]) + 1):
@@ -171,10 +204,14 @@ class _Cases:
             a[i] = self.cM[i]
             return True
 
-        return dfs(0, self.free)
+        try:
+            return dfs(0, self.free)
+        except TimeoutError:
+            return False
 
 
-def case_infeasible(p: PlacementProblem, T: float, *, max_cases: int = MAX_CASES) -> bool:
+def case_infeasible(p: PlacementProblem, T: float, *, max_cases: int = MAX_CASES,
+                    deadline: float = math.inf) -> bool:
     """True if no placement has every rank load <= ``T``, by enumerating replica counts (``replica-case``).
 
     A placement within ``T`` gives expert ``e`` at least ``c[e] = ceil(w[e] / T)`` replicas, using
@@ -199,26 +236,30 @@ def case_infeasible(p: PlacementProblem, T: float, *, max_cases: int = MAX_CASES
     heaviest) or one whole expert of the rest (among the ``x_rest + 1`` heaviest of the rest one is whole),
     no ``q`` passes. Every placement within ``T`` (without two replicas of one expert on a rank, which loses
     nothing) is in some case, so if every case is refuted ``T`` is infeasible. With more than ``max_cases``
-    cases the test refutes nothing.
+    cases, or at ``deadline`` (a ``time.perf_counter`` value), the test refutes nothing.
     """
     if T <= 0:
         return True
-    return _Cases(p, T, max_cases).all_refuted()
+    return _Cases(p, T, max_cases).all_refuted(deadline)
 
 
-def case_bound(p: PlacementProblem, lo: float, hi: float, *, iterations: int = 30) -> float:
-    """The largest target in ``[lo, hi]`` that :func:`case_infeasible` refutes (``lo`` if none)."""
-    if hi <= lo or not case_infeasible(p, lo):
+def case_bound(p: PlacementProblem, lo: float, hi: float, *, iterations: int = 30,
+               time_limit_s: float = CASE_TIME_S) -> float:
+    """The largest target in ``[lo, hi]`` that :func:`case_infeasible` refutes (``lo`` if none), to a relative
+    1e-4; a test cut short by ``time_limit_s`` (for all targets together) refutes nothing, which only stops the
+    bisection early (every recorded target was refuted)."""
+    deadline = time.perf_counter() + time_limit_s
+    if hi <= lo or not case_infeasible(p, lo, deadline=deadline):
         return lo
     a, b = lo, hi
     for _ in range(iterations):
+        if b - a <= 1e-5 * b or time.perf_counter() > deadline:
+            break
         mid = (a + b) / 2
-        if case_infeasible(p, mid):
+        if case_infeasible(p, mid, deadline=deadline):
             a = mid
         else:
             b = mid
-        if b - a <= 1e-6 * b:
-            break
     return a
 
 
