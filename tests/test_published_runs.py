@@ -66,6 +66,21 @@ def test_rows_are_consistent(runs):
         assert any(v is not None for v in (m.tokens_per_s_per_gpu, m.step_time_s, m.mfu, m.model_tflops_per_gpu))
 
 
+def test_precision_is_marked_in_the_id(runs):
+    # fp8 rows are admitted only when clearly marked: the id names the precision of every row
+    for r in runs:
+        assert f"-{r.precision}" in r.id, r.id
+    assert sum(r.precision == "bf16" for r in runs) > len(runs) // 2
+
+
+def test_representable_rows_leave_no_planner_choice_open(runs):
+    # a row that claims the whole configuration is representable publishes every planner input
+    for r in runs:
+        if r.representable:
+            assert None not in (r.micro_batch_size, r.zero, r.recompute), r.id
+            assert (r.virtual_pipeline or 1) == 1 and r.precision != "fp8", r.id
+
+
 def test_published_parameter_counts_match_the_shapes(runs):
     checked = [r for r in runs if r.model_params_published is not None]
     assert len(checked) >= 10  # every llm-foundry row prints NumParams
