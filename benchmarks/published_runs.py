@@ -10,7 +10,7 @@ a homogeneous cluster of the row's GPUs (``tangram_opt.make_cluster``), the row'
 tp / cp / ep / ZeRO stage / recomputation / micro-batch, at most ``pp`` pipeline stages and the
 pipeline micro-batch ``micro_batch_size x dp`` (one pipeline, no multi-pipeline search). It returns
 the plan's tokens/s per GPU, MFU, model TFLOP/s per GPU, step time and peak memory, and lists what
-it had to approximate (virtual pipeline stages, fp8, the network when the source does not state it,
+it had to approximate (virtual pipeline stages, the fp8 recipe, the network when the source does not state it,
 GB200 NVL72 racks, fields the source leaves open and the planner chose).
 
 Run ``python -m benchmarks.published_runs`` from the repository root to print every row's
@@ -444,17 +444,16 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
 
     ``cost_model_kwargs`` go to ``tangram_opt.solve`` unchanged (``calibration=``,
     ``moe_load_imbalance=``, ``backend=``, ...). The search is one pipeline of at most ``run.pp``
-    stages with the published per-stage configuration; fp8 rows are planned at bf16 (the cost model
-    has no fp8) and interleaved (virtual) pipeline stages as plain 1F1B, both listed in
-    ``approximations``.
+    stages with the published per-stage configuration; fp8 rows are planned as per-tensor-scaled FP8
+    linear layers whatever the published recipe, and interleaved (virtual) pipeline stages as plain
+    1F1B, both listed in ``approximations``.
     """
     cluster, notes = build_cluster(run, nic_gbps_per_node)
     if run.precision == "fp8":
-        notes.append("fp8 run planned at bf16")
+        notes.append("fp8 priced as per-tensor-scaled FP8 linear layers")
     if run.virtual_pipeline is not None and run.virtual_pipeline > 1:
         notes.append(f"virtual pipeline {run.virtual_pipeline} planned as plain 1F1B")
-    precision = "bf16" if run.precision == "fp8" else run.precision
-    training = to.TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=precision)
+    training = to.TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=run.precision)
     if run.attention_kernel is not None:
         notes.append(f"attention kernel {run.attention_kernel} (as published)")
     candidates = micro_batch_candidates(run)

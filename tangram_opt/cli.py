@@ -206,8 +206,9 @@ docs: docs/cli.md""")
                     help="global batch in sequences (default 512)")
     pl.add_argument("--seq", type=_positive_int, default=None, metavar="N",
                     help="sequence length in tokens (default 4096)")
-    pl.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
-                    help="training precision; auto = bf16 if every GPU type supports it, else fp16 (default auto)")
+    pl.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32", "fp8"), default="auto",
+                    help="training precision; auto = bf16 if every GPU type supports it, else fp16 (default auto); "
+                         "fp8 = FP8 linear layers (Transformer Engine) in a bf16 model, Hopper/Ada/Blackwell/MI300X")
     pl.add_argument("--training", metavar="FILE", help="training spec YAML/JSON (replaces --batch/--seq/--precision)")
     pl.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
                     help="solver time limit in seconds (default 60); 0 = heuristic plan and bound only, no MIP")

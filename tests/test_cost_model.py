@@ -383,3 +383,27 @@ def test_calibration_file_round_trip_and_errors_name_the_field(tmp_path):
     for data, field in bad:
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             calibration_from_dict(data)
+
+
+def test_fp8_runs_the_linear_layers_at_the_fp8_peak_and_keeps_their_fp8_weights():
+    from tangram_opt.specs import check_precision, load_cluster, load_model, make_cluster
+
+    model = load_model("llama-3-8b")
+    node = make_cluster("h", [dict(gpu="H100", nodes=1, gpus_per_node=8, nic_gbps=3200)]).node_groups[0].node
+    cfg = StageConfig(tp=1, dp=8, zero=1, micro_batch_size=1)
+    bf16 = CostModel(model, TrainingSpec(global_batch_size=64, seq_len=4096, precision="bf16"))
+    fp8 = CostModel(model, TrainingSpec(global_batch_size=64, seq_len=4096, precision="fp8"))
+    a, b = bf16.layer(node, cfg, "dense"), fp8.layer(node, cfg, "dense")
+    # GEMMs at twice the rate, attention and memory-bound work (plus the FP8 casts) unchanged: a
+    # block speeds up, but by less than 2x
+    assert 1.2 < a.fwd_time_s / b.fwd_time_s < 2.0 and 1.2 < a.bwd_time_s / b.bwd_time_s < 2.0
+    assert b.breakdown["attention_core_fwd"] == a.breakdown["attention_core_fwd"]
+    # the LM head stays 16-bit (Megatron-LM's output layer is not a Transformer Engine layer)
+    assert fp8.head(node, cfg).fwd_time_s == bf16.head(node, cfg).fwd_time_s
+    # FP8 copies of the weights: 2 bytes per parameter on top of the bf16 weights
+    params = model.layer_params("dense")
+    assert b.weight_bytes - a.weight_bytes == pytest.approx(2 * params, rel=0.01)
+    assert b.model_flops == a.model_flops
+    with pytest.raises(SpecError) as exc:
+        check_precision(TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp8"), load_cluster("a100-v100"))
+    assert "FP8" in str(exc.value) or "BF16" in str(exc.value)

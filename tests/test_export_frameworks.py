@@ -112,6 +112,7 @@ _MEGATRON_FIELDS = {
     "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
     "--v-head-dim": "v_head_dim", "--rope-type": "rope_type", "--rotary-scaling-factor": "rotary_scaling_factor",
     "--mscale": "mscale", "--mscale-all-dim": "mscale_all_dim", "--bf16": "bf16", "--fp16": "fp16",
+    "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe",
 }
 #: flags that are not TransformerConfig fields (model-builder, training-loop or data arguments)
 _MEGATRON_OTHER = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--max-position-embeddings",
@@ -236,6 +237,22 @@ def test_megatron_accepts_every_written_part_of_the_benchmark_plans(mcore):
             _megatron_check_plan(plan, to.load_model(preset))
         except Exception as e:  # name the plan
             raise AssertionError(f"{name}: {e}") from e
+
+
+def test_fp8_plan_is_a_megatron_job_with_fp8_layers_and_refused_where_the_config_cannot_say_fp8(mcore):
+    plan = make_plan([([stage("h100", 8, (0, 32), tp=1, zero=1, emb=True, head=True)], 8, 8)], precision="fp8",
+                     cluster="h100-64", batch=64, seq=4096)
+    model = to.load_model("llama-3-8b")
+    assert launchable(plan, "megatron", model=model) == []
+    _megatron_check_plan(plan, model)
+    from tangram_opt.export.megatron import megatron_args
+
+    (argv,) = megatron_args(plan, model=model)
+    cfg, _ = megatron_config(argv)
+    assert cfg.fp8 == "hybrid" and cfg.fp8_recipe == "tensorwise" and cfg.bf16
+    for fw in ("deepspeed", "torchtitan"):
+        reasons = launchable(plan, fw, model=model)
+        assert reasons and "fp8" in " ".join(reasons).lower(), fw
 
 
 def test_identical_pipelines_are_one_megatron_job(mcore):

@@ -145,3 +145,15 @@ def test_cli_plan_with_measured_inputs_and_simulate_replays_with_them(tmp_path, 
     bad = _run_cli("plan", "--cluster", str(cluster_file), "--model", MODEL, "--batch", "8", "--seq", "2048",
                    "--precision", "fp16", "--time-limit", "5", "--quiet", "--profiles", str(prof_dir))
     assert bad.returncode != 0 and "profile.seq_len" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_fp8_plans_on_hopper_and_is_refused_where_a_gpu_has_no_fp8():
+    fp8 = TrainingSpec(global_batch_size=16, seq_len=2048, precision="fp8")
+    bf16 = TrainingSpec(global_batch_size=16, seq_len=2048, precision="bf16")
+    cluster = make_cluster("h", [{"name": "h100", "gpu": "H100", "nodes": 1, "gpus_per_node": 8, "nic_gbps": 3200}])
+    a = solve(cluster, "llama-2-7b", fp8, time_limit_s=20, multi_pipeline=False)
+    b = solve(cluster, "llama-2-7b", bf16, time_limit_s=20, multi_pipeline=False)
+    assert a.precision == "fp8" and a.step_time_s < b.step_time_s
+    with pytest.raises(SpecError) as exc:
+        solve(load_cluster("tiny-mixed"), "llama-2-7b", fp8, time_limit_s=5)
+    assert exc.value.field == "training.precision"

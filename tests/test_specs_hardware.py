@@ -46,3 +46,20 @@ def test_register_gpu_type(monkeypatch):
     with pytest.raises(SpecError, match="already a catalog GPU"):
         register_gpu_type(GPUType(name="TestAccel-1", fp16_flops_per_s=1.0, bf16_flops_per_s=None,
                                   fp32_flops_per_s=1.0, hbm_bytes=1.0, hbm_bw_bytes_per_s=1.0, default_link="pcie4"))
+
+
+def test_fp8_peaks_are_dense_and_only_where_the_tensor_cores_have_fp8():
+    fp8 = {n: g.fp8_flops_per_s for n, g in builtin_gpu_types().items() if g.fp8_flops_per_s}
+    assert set(fp8) == {"H100-SXM", "H200", "GH200-96", "B200", "GB200", "L4", "RTX-4090", "MI300X"}
+    for n, v in fp8.items():  # dense FP8 is twice dense BF16 on every part listed
+        assert v == pytest.approx(2 * builtin_gpu_types()[n].bf16_flops_per_s, rel=0.01), n
+        assert "FP8" in builtin_gpu_types()[n].source, n
+    h100, a100 = get_gpu_type("H100"), get_gpu_type("A100-80")
+    assert h100.supports("fp8") and not a100.supports("fp8") and not get_gpu_type("V100").supports("fp8")
+    assert h100.peak_flops_per_s("fp8") == h100.bf16_flops_per_s  # MFU is reported against the 16-bit peak
+    with pytest.raises(SpecError) as exc:
+        a100.peak_flops_per_s("fp8")
+    assert "FP8" in str(exc.value) and "bf16" in exc.value.fix
+    custom = hardware.gpu_type_from_dict({"name": "X1", "fp16_tflops": 100, "fp8_tflops": 200, "memory_gib": 40,
+                                          "hbm_gbs": 1000})
+    assert custom.fp8_flops_per_s == 200 * u.TFLOPS and custom.supports("fp8")

@@ -38,11 +38,14 @@ def gpu_table() -> str:
         mem = f"{g.hbm_bytes / u.GiB:g} GiB" if g.hbm_bytes % u.GiB == 0 else f"{g.hbm_bytes / u.GB:g} GB"
         link = LINKS[g.default_link]
         cc = "-" if g.compute_capability is None else f"{g.compute_capability:g}"
-        rows.append([g.name, g.vendor, bf16, _num(g.fp16_flops_per_s / u.TFLOPS), _num(g.fp32_flops_per_s / u.TFLOPS),
+        fp8 = "-" if g.fp8_flops_per_s is None else _num(g.fp8_flops_per_s / u.TFLOPS)
+        rows.append([g.name, g.vendor, bf16, _num(g.fp16_flops_per_s / u.TFLOPS), fp8,
+                     _num(g.fp32_flops_per_s / u.TFLOPS),
                      mem, _num(g.hbm_bw_bytes_per_s / u.GB_PER_S),
                      f"{link.name} ({_num(link.bw_bytes_per_s / u.GB_PER_S)})", g.num_sms or "-", cc,
                      "yes" if g.flash_attention else "no", g.source])
-    return _table(["name", "vendor", "dense BF16 TFLOPS", "dense FP16 TFLOPS", "FP32 TFLOPS", "memory",
+    return _table(["name", "vendor", "dense BF16 TFLOPS", "dense FP16 TFLOPS", "dense FP8 TFLOPS", "FP32 TFLOPS",
+                   "memory",
                    "memory GB/s", "default link (GB/s per GPU per direction)", "SMs", "compute capability",
                    "flash attention", "source"], rows)
 

@@ -190,7 +190,34 @@ def _gemm_bwd(fwd: Op) -> Op:
     # forward's FLOPs, reading/writing ~2x its bytes; their shapes put the forward's k and m on the
     # reduction dimension instead
     shapes = tuple(g for m, n, k, c in fwd.gemms for g in ((m, k, n, c), (k, n, m, c)))
-    return Op(fwd.name + ".bwd", 2.0 * fwd.flops, 2.0 * fwd.bytes, "gemm", 2 * fwd.kernels, gemms=shapes)
+    return Op(fwd.name + ".bwd", 2.0 * fwd.flops, 2.0 * fwd.bytes, fwd.unit, 2 * fwd.kernels, gemms=shapes)
+
+
+#: Bytes moved per element to quantize a GEMM operand for FP8 (Transformer Engine): read the bf16
+#: tensor (2) and write its FP8 copy twice, row-wise for this GEMM and column-wise (transposed) for
+#: the backward GEMM that reads it along the other dimension (1 + 1).
+FP8_CAST_BYTES = 4.0
+
+
+def fp8_linear_ops(fwd: list[Op], e: float) -> tuple[list[Op], dict[str, float]]:
+    """``fwd`` with the linear layers' GEMMs in FP8 (unit ``gemm_fp8``, 1-byte operands) and a
+    quantization pass before each (``FP8_CAST_BYTES`` per input element); returns the ops and, per
+    cast op, the bytes of its backward (quantizing the output gradient, m x n elements).
+
+    What runs in FP8 follows Transformer Engine in Megatron-LM: the projections and MLPs of every
+    block (experts included). The attention core, the router and the LM head stay 16-bit."""
+    out: list[Op] = []
+    bwd_cast: dict[str, float] = {}
+    for op in fwd:
+        if op.unit != "gemm" or not op.gemms or op.name.startswith("attn.") or op.name == "router":
+            out.append(op)
+            continue
+        inputs = sum(c * (m * k + k * n) for m, n, k, c in op.gemms)
+        outputs = sum(c * m * n for m, n, k, c in op.gemms)
+        cast = Op(op.name + ".fp8_cast", 0.0, FP8_CAST_BYTES * sum(c * m * k for m, n, k, c in op.gemms), "memory")
+        bwd_cast[cast.name] = FP8_CAST_BYTES * outputs
+        out += [cast, Op(op.name, op.flops, 1.0 * inputs + e * outputs, "gemm_fp8", op.kernels, op.gemms)]
+    return out, bwd_cast
 
 
 def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool) -> tuple[list[Op], list[Op]]:
@@ -232,7 +259,8 @@ def attention_core_ops(m: ModelSpec, sh: LayerShape, kernel: str, dropout: bool)
 
 
 def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention_dropout: bool, hidden_dropout: bool,
-              tokens_per_expert_rank: float = 0.0, local_experts: int | None = None) -> tuple[list[Op], list[Op]]:
+              tokens_per_expert_rank: float = 0.0, local_experts: int | None = None,
+              fp8: bool = False) -> tuple[list[Op], list[Op]]:
     """Forward and backward ops of one transformer block on one GPU (no communication).
 
     ``attention_dropout``: dropout on the attention probabilities (materialized attention keeps a
@@ -241,7 +269,8 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention
 
     ``tokens_per_expert_rank`` is, for MoE layers, the token-expert assignments this GPU's experts
     process (``tokens * top_k * imbalance``; see :class:`tangram_opt.cost.model.CostModel`), spread
-    over its ``local_experts`` (``num_experts / ep``; default all of them).
+    over its ``local_experts`` (``num_experts / ep``; default all of them). ``fp8``: the linear
+    layers run as FP8 GEMMs with their quantization passes (:func:`fp8_linear_ops`).
     """
     h, tp, e, t = m.hidden_size, sh.tp, sh.elt_bytes, sh.tokens
     t_sp = t / tp if sh.sp else t  # tokens the replicated element-wise kernels process
@@ -287,11 +316,16 @@ def block_ops(m: ModelSpec, kind: str, sh: LayerShape, *, kernel: str, attention
         fwd += _mlp_ops(m, "experts", tokens_per_expert_rank, moe.expert_ffn_hidden_size, tp, e,
                         weight_sets=max(1, local_experts or moe.num_experts))
         fwd.append(Op("moe.permute", 0.0, 4.0 * e * tokens_per_expert_rank * h, "memory", 2))
+    bwd_cast: dict[str, float] = {}
+    if fp8:
+        fwd, bwd_cast = fp8_linear_ops(fwd, e)
     bwd: list[Op] = list(core_bwd)
     for op in fwd:
         if op.name.startswith("attn."):
             continue
-        if op.unit == "gemm":
+        if op.name in bwd_cast:
+            bwd.append(Op(op.name + ".bwd", 0.0, bwd_cast[op.name], "memory"))
+        elif op.unit in ("gemm", "gemm_fp8"):
             bwd.append(_gemm_bwd(op))
         else:
             bwd.append(Op(op.name + ".bwd", 2.0 * op.flops, 2.0 * op.bytes, op.unit, op.kernels, op.gemms))

@@ -39,7 +39,7 @@ from tangram_opt.cost import comm, flops, memory
 from tangram_opt.cost.calibration import Calibration
 from tangram_opt.cost.config import LayerCost, StageConfig
 from tangram_opt.cost.flops import ATTENTION_KERNELS, LayerShape, Op
-from tangram_opt.cost.profiles import LayerProfile, ProfileSet
+from tangram_opt.cost.profiles import LayerProfile, ProfileSet, precision_class
 from tangram_opt.errors import SpecError
 from tangram_opt.specs.cluster import NodeSpec
 from tangram_opt.specs.hardware import GPUType
@@ -88,20 +88,24 @@ class _Rates:
     overhead_s: float
     num_sms: int | None = None
     k_overhead: float = GEMM_TILE_OVERHEAD_K
+    #: FP8 linear GEMMs (training precision "fp8"; unit "gemm_fp8"), and their tile overhead
+    gemm_fp8_flops_per_s: float = 0.0
+    k_overhead_fp8: float = GEMM_TILE_OVERHEAD_K
 
     def time_s(self, ops: Iterable[Op]) -> float:
         total = 0.0
         for op in ops:
             if op.unit == "memory":
                 t = op.bytes / self.mem_bytes_per_s
-            elif op.unit == "gemm":
+            elif op.unit in ("gemm", "gemm_fp8"):
+                fp8 = op.unit == "gemm_fp8"
+                rate = self.gemm_fp8_flops_per_s if fp8 else self.gemm_flops_per_s
+                k0 = self.k_overhead_fp8 if fp8 else self.k_overhead
                 if op.gemms:
-                    compute = sum(2.0 * m * n * k * c / (self.gemm_flops_per_s
-                                                         * gemm_shape_efficiency(m, n, k, c, self.num_sms,
-                                                                                 self.k_overhead))
+                    compute = sum(2.0 * m * n * k * c / (rate * gemm_shape_efficiency(m, n, k, c, self.num_sms, k0))
                                   for m, n, k, c in op.gemms if m > 0 and n > 0 and k > 0)
                 else:
-                    compute = op.flops / self.gemm_flops_per_s
+                    compute = op.flops / rate
                 t = max(compute, op.bytes / self.mem_bytes_per_s)
             else:
                 rate = self.attn_bwd_flops_per_s if op.name.endswith(".bwd") else self.attn_fwd_flops_per_s
@@ -240,9 +244,14 @@ class CostModel:
             attn_fwd = peak * c.attention(gpu.name) * step
             attn_bwd = peak * c.attention_bwd(gpu.name) * step
         tensor16 = gpu.fp16_flops_per_s * c.matmul(gpu.name) * step
+        # FP8 GEMMs: the FP8 tensor-core peak at the same achievable fraction; a tile's fixed cost is
+        # the same time, so at twice the rate it is worth twice the reduction depth
+        fp8 = (gpu.fp8_flops_per_s or 0.0) * c.matmul(gpu.name) * step if prec == "fp8" else gemm
         return _Rates(gemm_flops_per_s=gemm, attn_fwd_flops_per_s=attn_fwd, attn_bwd_flops_per_s=attn_bwd,
                       mem_bytes_per_s=gpu.hbm_bw_bytes_per_s * c.memory(gpu.name), overhead_s=c.kernel_overhead_s,
-                      num_sms=gpu.num_sms, k_overhead=GEMM_TILE_OVERHEAD_K * min(1.0, gemm / tensor16))
+                      num_sms=gpu.num_sms, k_overhead=GEMM_TILE_OVERHEAD_K * min(1.0, gemm / tensor16),
+                      gemm_fp8_flops_per_s=fp8 or gemm, k_overhead_fp8=GEMM_TILE_OVERHEAD_K * fp8 / tensor16
+                      if fp8 else GEMM_TILE_OVERHEAD_K)
 
     def kernel_for(self, gpu: GPUType) -> str:
         """The attention kernel a stage on ``gpu`` runs (``attention_kernel`` unless "auto")."""
@@ -259,7 +268,7 @@ class CostModel:
         if p is None or p.seq_len != self.training.seq_len:
             return None
         prec = self.training.precision
-        if (p.precision in ("fp32", "tf32")) != (prec == "fp32"):
+        if precision_class(p.precision) != precision_class(prec):
             return None
         return p
 
@@ -451,7 +460,15 @@ class CostModel:
         opt = self._optimizer_time(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
         # useful (balanced) work: the imbalance slows the time but adds no model FLOPs
         model_flops = flops.layer_model_flops(m, kind, sh.tokens, sh.seq_kv) / cfg.tp
-        return LayerCost(fwd_time_s=fwd, bwd_time_s=bwd, weight_bytes=static.weight_bytes,
+        # fp8: Transformer Engine casts each linear weight to FP8 (and its transpose) at the step's
+        # first micro-batch and keeps both for the step: 2 bytes per local parameter; under ZeRO-3
+        # the parameters are gathered in FP8 (Megatron's fp8 parameter gather) and the copies are
+        # sharded as the weights are
+        fp8_weights = 0.0
+        if t.precision == "fp8":
+            fp8_weights = 2.0 * ((dense_local / dense_dp + expert_local / expert_dp) if cfg.zero >= 3
+                                 else (dense_local + expert_local))
+        return LayerCost(fwd_time_s=fwd, bwd_time_s=bwd, weight_bytes=static.weight_bytes + fp8_weights,
                          grad_bytes=static.grad_bytes, optimizer_bytes=static.optimizer_bytes,
                          activation_bytes=act, transient_bytes=work, grad_sync_time_s=exposed,
                          optimizer_time_s=opt, model_flops=model_flops,
@@ -466,7 +483,8 @@ class CostModel:
         """(forward, backward, attention-core forward, attention-core backward) compute seconds."""
         fwd_ops, bwd_ops = flops.block_ops(self.model, kind, sh, kernel=kernel,
                                            attention_dropout=self.attention_dropout, hidden_dropout=self.hidden_dropout,
-                                           tokens_per_expert_rank=expert_tokens, local_experts=local_experts)
+                                           tokens_per_expert_rank=expert_tokens, local_experts=local_experts,
+                                           fp8=self.training.precision == "fp8")
         core = [op for op in fwd_ops if op.name.startswith("attn.")]
         core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
         return rates.time_s(fwd_ops), rates.time_s(bwd_ops), rates.time_s(core), rates.time_s(core_bwd)

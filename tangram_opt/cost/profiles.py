@@ -11,7 +11,7 @@ File format (JSON, ``tangram_opt.layer_profile`` version 1)::
       "format": "tangram_opt.layer_profile", "version": 1,
       "model": "OPT-350", "gpu": "A100-40",          # gpu: a catalog name or alias
       "seq_len": 2048,                                # tokens per sequence when measured
-      "precision": "tf32",                            # bf16 | fp16 | fp32 | tf32 (fp32 storage, TF32 matmuls)
+      "precision": "tf32",                            # bf16 | fp16 | fp8 | fp32 | tf32 (fp32 storage, TF32 matmuls)
       "includes_tp_comm": true,                       # measured with real TP, all-reduces included
       "sequence_parallel": false,                     # how TP ran when measured
       "source": "free text: who measured it, how",
@@ -51,7 +51,13 @@ from tangram_opt.specs.model import ModelSpec
 PROFILE_FORMAT = "tangram_opt.layer_profile"
 PROFILE_VERSION = 1
 PROFILE_KINDS = ("dense", "moe", "embedding", "head")
-PROFILE_PRECISIONS = ("bf16", "fp16", "fp32", "tf32")
+PROFILE_PRECISIONS = ("bf16", "fp16", "fp8", "fp32", "tf32")
+
+
+def precision_class(precision: str) -> str:
+    """What a profile must share with the run: "32-bit" (fp32, tf32), "fp8" (FP8 linear layers) or
+    "16-bit" (bf16, fp16): the GEMMs run at the same rate within a class."""
+    return "32-bit" if precision in ("fp32", "tf32") else "fp8" if precision == "fp8" else "16-bit"
 SAILOR_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles" / "sailor"
 
 
@@ -277,7 +283,7 @@ def check_profiles(profiles: ProfileSet, model: ModelSpec, seq_len: int, precisi
         if p.seq_len != seq_len:
             raise SpecError("profile.seq_len", p.seq_len, f"{where} was measured at sequence length {p.seq_len}, "
                             f"the run trains at {seq_len}", f"profile with --seq {seq_len}")
-        if (p.precision in ("fp32", "tf32")) != (precision == "fp32"):
+        if precision_class(p.precision) != precision_class(precision):
             raise SpecError("profile.precision", p.precision, f"{where} was measured in {p.precision}, the run "
                             f"trains in {precision}", f"profile with --precision {precision}")
 

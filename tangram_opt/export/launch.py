@@ -52,6 +52,11 @@ def part_refusals(part: Part, framework: str, *, seq_len: int, precision: str, m
             out.append(f"{where}: Megatron-LM needs the sequence length ({seq_len}) to be a multiple of "
                        f"2 x cp = {2 * part.cp}; plan with another --seq or --cp")
     elif framework == "deepspeed":
+        # deepspeed/runtime/config.py: the JSON config has bf16 / fp16 sections and no FP8 training
+        if precision == "fp8":
+            out.append(f"{where}: DeepSpeed's config has no FP8 training (only bf16 / fp16); FP8 linear layers "
+                       "come from the model code (Transformer Engine), which the export cannot set; plan with "
+                       "--precision bf16, or launch with Megatron-LM")
         # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: zero stage < 2 with pipelines
         if part.pp > 1 and part.zero >= 2:
             out.append(f"{where}: DeepSpeed pipelines need ZeRO <= 1 (the pipeline engine asserts 'ZeRO-2 and "
@@ -72,6 +77,12 @@ def part_refusals(part: Part, framework: str, *, seq_len: int, precision: str, m
         if precision == "fp16":
             out.append(f"{where}: torchtitan trains in bfloat16 or float32 (training.mixed_precision_param), not "
                        "fp16 as planned; plan with --precision bf16")
+        if precision == "fp8":
+            # 0.3: models/*/config_registry.py set Float8LinearConverter in the Python config's model_spec;
+            # no command-line override turns it on
+            out.append(f"{where}: torchtitan turns FP8 on in a Python config (a config_registry entry whose "
+                       "model_spec has Float8LinearConverter, torchao), not by the overrides the export writes; "
+                       "write such a config, plan with --precision bf16, or launch with Megatron-LM")
         # 0.3 trainer.py Trainer.__init__: seq_len divisible by tp (sequence parallel) x 2 cp when cp > 1;
         # 0.2 models/*/infra/parallelize.py: by ParallelDims.seq_len_divisor = tp x 2 cp, always
         div = part.tp * (2 * part.cp if (part.cp > 1 or torchtitan_version == "0.2") else 1)

@@ -343,7 +343,11 @@ def _block(part: Part, idx: int, plan: Plan, moe: bool) -> MegatronBlock:
     a += _recompute_args(part.recompute)
     a += ["--micro-batch-size", str(part.micro_batch_size), "--global-batch-size", str(part.sequences_per_step)]
     a += ["--num-layers", str(part.num_layers), "--seq-length", str(plan.seq_len)]
-    prec = {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(plan.precision, [])
+    # fp8: Transformer Engine's FP8 linear layers in a bf16 model, E4M3 forward / E5M2 gradients with
+    # per-tensor current scaling (megatron-core TransformerConfig.fp8 / fp8_recipe, Fp8Recipe.tensorwise),
+    # the recipe the cost model prices (docs/cost_model.md §1.2)
+    prec = {"bf16": ["--bf16"], "fp16": ["--fp16"],
+            "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]}.get(plan.precision, [])
     a += prec
     la, lnotes = _layer_args(part)
     a += la

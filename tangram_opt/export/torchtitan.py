@@ -35,7 +35,7 @@ from tangram_opt.specs.model import ModelSpec
 
 SOURCE = "pytorch/torchtitan torchtitan/config/configs.py + manager.py (0.3), torchtitan/config/job_config.py (0.2)"
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe"}
-_PRECISION = {"bf16": "bfloat16", "fp16": "float32", "fp32": "float32"}
+_PRECISION = {"bf16": "bfloat16", "fp16": "float32", "fp32": "float32", "fp8": "bfloat16"}
 #: the name of the output projection: ``lm_head`` from 0.3 on (models/common/decoder.py), ``output`` in 0.2
 _HEAD = {"0.3": "lm_head", "0.2": "output"}
 

@@ -44,7 +44,10 @@ class PlanningContext:
             names = ", ".join(sorted({i.gpu_name for i in unsupported}))
             raise SpecError("training.precision", self.training.precision,
                             f"is not supported by {names} in this cluster",
-                            "train in fp16 (supported by every GPU type), or plan without those GPUs")
+                            "train in bf16 (every GPU with BF16 tensor cores), or plan without those GPUs"
+                            if self.training.precision == "fp8" and all(
+                                i.node.gpu.supports("bf16") for i in self.islands)
+                            else "train in fp16 (supported by every GPU type), or plan without those GPUs")
         self.kinds: tuple[str, ...] = tuple(k for k in LAYER_KINDS if self.model.layers_of_kind(k))
         self.layers = {k: self.model.layers_of_kind(k) for k in self.kinds}
         self._cands: dict[int, list[Candidate]] = {}

@@ -20,7 +20,7 @@ from tangram_opt.specs import _check
 
 #: Precisions the cost model understands. "bf16"/"fp16" are mixed precision with fp32 master
 #: weights; "fp32" is full single precision on CUDA cores (no tensor cores).
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +67,9 @@ class GPUType:
     """One accelerator model (one device as the framework sees it).
 
     ``bf16_flops_per_s`` is ``None`` on GPUs without BF16 tensor cores (V100, RTX 2080, Titan RTX);
-    training in "bf16" on them is rejected with a message asking for "fp16". ``num_sms`` is the
+    training in "bf16" on them is rejected with a message asking for "fp16". ``fp8_flops_per_s`` is
+    the dense FP8 tensor-core peak (Hopper, Ada, Blackwell, MI300X; ``None`` elsewhere): "fp8"
+    training (Transformer Engine's FP8 linear layers over bf16) needs it. ``num_sms`` is the
     number of streaming multiprocessors (AMD: compute units): a GEMM's output tiles run in waves of
     that many, so a small GEMM leaves part of the GPU idle (``None``: not modelled).
     ``compute_capability`` (NVIDIA) decides which kernels a framework can run on it: FlashAttention-2
@@ -84,6 +86,7 @@ class GPUType:
     default_link: str
     num_sms: int | None = None
     compute_capability: float | None = None
+    fp8_flops_per_s: float | None = None
     vendor: str = "NVIDIA"
     source: str = ""
     notes: str = ""
@@ -96,6 +99,8 @@ class GPUType:
             _check.positive_float(f"{where}.{fname}", getattr(self, fname))
         if self.bf16_flops_per_s is not None:
             _check.positive_float(f"{where}.bf16_flops_per_s", self.bf16_flops_per_s)
+        if self.fp8_flops_per_s is not None:
+            _check.positive_float(f"{where}.fp8_flops_per_s", self.fp8_flops_per_s)
         if self.num_sms is not None:
             _check.positive_int(f"{where}.num_sms", self.num_sms)
         if self.default_link not in LINKS:
@@ -103,11 +108,17 @@ class GPUType:
                             f"use one of {', '.join(LINKS)}")
 
     def peak_flops_per_s(self, precision: str) -> float:
-        """Dense peak FLOP/s of matrix multiplies in ``precision`` ("bf16", "fp16" or "fp32")."""
+        """Dense peak FLOP/s that model FLOPs utilization is reported against in ``precision``:
+        the matrix-multiply peak of "bf16", "fp16" or "fp32", and for "fp8" the BF16 peak (FP8 runs
+        report MFU against the 16-bit peak, as the Llama 3 paper and NeMo's tables do; the FP8
+        GEMMs themselves run at ``fp8_flops_per_s``)."""
         precision = _check.one_of("training.precision", precision, PRECISIONS)
-        if precision == "bf16":
+        if precision == "fp8" and self.fp8_flops_per_s is None:
+            raise SpecError("training.precision", "fp8", f"{self.name} has no FP8 tensor cores",
+                            "train in bf16 (or fp16) on clusters that include this GPU")
+        if precision in ("bf16", "fp8"):
             if self.bf16_flops_per_s is None:
-                raise SpecError("training.precision", "bf16", f"{self.name} has no BF16 tensor cores",
+                raise SpecError("training.precision", precision, f"{self.name} has no BF16 tensor cores",
                                 "train in fp16 on clusters that include this GPU")
             return self.bf16_flops_per_s
         if precision == "fp16":
@@ -115,7 +126,16 @@ class GPUType:
         return self.fp32_flops_per_s
 
     def supports(self, precision: str) -> bool:
+        if precision == "fp8":
+            return self.fp8_flops_per_s is not None and self.bf16_flops_per_s is not None
         return precision != "bf16" or self.bf16_flops_per_s is not None
+
+    def missing_for(self, precision: str) -> str:
+        """What this GPU lacks to train in ``precision`` ("" if nothing)."""
+        if self.supports(precision):
+            return ""
+        return "no FP8 tensor cores" if precision == "fp8" and self.bf16_flops_per_s is not None \
+            else "no BF16 tensor cores"
 
     @property
     def flash_attention(self) -> bool:
@@ -129,14 +149,15 @@ class GPUType:
 
 def _gpu(name: str, *, half_tflops: float, bf16: bool = True, fp32_tflops: float, mem_gib: float | None = None,
          mem_gb: float | None = None, hbm_gb_per_s: float, link: str, vendor: str = "NVIDIA", source: str,
-         notes: str = "") -> GPUType:
+         notes: str = "", fp8_tflops: float | None = None) -> GPUType:
     sms = SM_COUNTS[name][0]
     cc = COMPUTE_CAPABILITY.get(name)
     mem = mem_gib * u.GiB if mem_gib is not None else mem_gb * u.GB  # type: ignore[operator]
     return GPUType(name=name, fp16_flops_per_s=half_tflops * u.TFLOPS,
                    bf16_flops_per_s=half_tflops * u.TFLOPS if bf16 else None,
                    fp32_flops_per_s=fp32_tflops * u.TFLOPS, hbm_bytes=mem, hbm_bw_bytes_per_s=hbm_gb_per_s * u.GB_PER_S,
-                   default_link=link, num_sms=sms, compute_capability=cc, vendor=vendor, source=source, notes=notes)
+                   default_link=link, num_sms=sms, compute_capability=cc, vendor=vendor, source=source, notes=notes,
+                   fp8_flops_per_s=None if fp8_tflops is None else fp8_tflops * u.TFLOPS)
 
 
 #: Streaming multiprocessors (AMD: compute units) per device, with where the figure comes from.
@@ -178,29 +199,36 @@ _BUILTIN: tuple[GPUType, ...] = (
          source="NVIDIA A100 datasheet (SXM4 40 GB): 312 TFLOPS BF16/FP16 dense, 19.5 FP32, 1,555 GB/s"),
     _gpu("A100-80", half_tflops=312, fp32_tflops=19.5, mem_gib=80, hbm_gb_per_s=2039, link="nvlink3",
          source="NVIDIA A100 datasheet (SXM4 80 GB): 312 TFLOPS BF16/FP16 dense, 2,039 GB/s HBM2e"),
-    _gpu("H100-SXM", half_tflops=989, fp32_tflops=67, mem_gib=80, hbm_gb_per_s=3350, link="nvlink4",
-         source="NVIDIA H100 datasheet (SXM5): 1,979 TFLOPS BF16 with sparsity = 989 dense, 67 FP32, 3.35 TB/s"),
-    _gpu("H200", half_tflops=989, fp32_tflops=67, mem_gb=141, hbm_gb_per_s=4800, link="nvlink4",
-         source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB HBM3e, 4.8 TB/s"),
-    _gpu("B200", half_tflops=2250, fp32_tflops=75, mem_gb=180, hbm_gb_per_s=8000, link="nvlink5",
-         source="NVIDIA DGX/HGX B200 datasheets: 2.25 PFLOPS BF16 dense per GPU, 1,440 GB / 8 GPUs, 64 TB/s / 8"),
-    _gpu("GB200", half_tflops=2500, fp32_tflops=80, mem_gb=186, hbm_gb_per_s=8000, link="nvlink5",
-         source="NVIDIA GB200 NVL72 datasheet: 360 PFLOPS FP16/BF16 with sparsity (180 dense), 13.4 TB HBM3e "
+    _gpu("H100-SXM", half_tflops=989, fp32_tflops=67, mem_gib=80, hbm_gb_per_s=3350, link="nvlink4", fp8_tflops=1979,
+         source="NVIDIA H100 datasheet (SXM5): 1,979 TFLOPS BF16 with sparsity = 989 dense, 3,958 FP8 with "
+                "sparsity = 1,979 dense, 67 FP32, 3.35 TB/s"),
+    _gpu("H200", half_tflops=989, fp32_tflops=67, mem_gb=141, hbm_gb_per_s=4800, link="nvlink4", fp8_tflops=1979,
+         source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 3,958 FP8 with sparsity = 1,979 dense, "
+                "141 GB HBM3e, 4.8 TB/s"),
+    _gpu("B200", half_tflops=2250, fp32_tflops=75, mem_gb=180, hbm_gb_per_s=8000, link="nvlink5", fp8_tflops=4500,
+         source="NVIDIA DGX/HGX B200 datasheets: 2.25 PFLOPS BF16 dense per GPU, FP8 72 PFLOPS with sparsity per "
+                "8 GPUs = 4.5 dense per GPU, 1,440 GB / 8 GPUs, 64 TB/s / 8"),
+    _gpu("GB200", half_tflops=2500, fp32_tflops=80, mem_gb=186, hbm_gb_per_s=8000, link="nvlink5", fp8_tflops=5000,
+         source="NVIDIA GB200 NVL72 datasheet: 360 PFLOPS FP16/BF16 with sparsity (180 dense), 720 PFLOPS FP8 "
+                "with sparsity (360 dense, 5 per GPU), 13.4 TB HBM3e "
                 "at 576 TB/s for 72 GPUs: per GPU 2.5 PFLOPS dense, 186 GB, 8 TB/s. The FP32 CUDA-core peak is "
                 "not on the datasheet: B200's 75 TFLOPS x 2500 / 2250 (same die, higher clock)",
          notes="one rack is one NVLink domain of 72 GPUs: describe it as nodes of 72 (or of the tray's 4 with "
                "nvlink5 as the NIC figure)"),
-    _gpu("GH200-96", half_tflops=989, fp32_tflops=67, mem_gib=96, hbm_gb_per_s=4000, link="nvlink4",
-         source="NVIDIA GH200 Grace Hopper datasheet: H100 compute, 96 GB HBM3 at 4 TB/s"),
-    _gpu("L4", half_tflops=121, fp32_tflops=30.3, mem_gib=24, hbm_gb_per_s=300, link="pcie4",
-         source="NVIDIA L4 datasheet: 242 TFLOPS FP16/BF16 with sparsity = 121 dense, 30.3 FP32, 300 GB/s GDDR6"),
+    _gpu("GH200-96", half_tflops=989, fp32_tflops=67, mem_gib=96, hbm_gb_per_s=4000, link="nvlink4", fp8_tflops=1979,
+         source="NVIDIA GH200 Grace Hopper datasheet: H100 compute (1,979 FP8 TFLOPS dense), 96 GB HBM3 at 4 TB/s"),
+    _gpu("L4", half_tflops=121, fp32_tflops=30.3, mem_gib=24, hbm_gb_per_s=300, link="pcie4", fp8_tflops=242.5,
+         source="NVIDIA L4 datasheet: 242 TFLOPS FP16/BF16 with sparsity = 121 dense, 485 FP8 with sparsity = "
+                "242.5 dense, 30.3 FP32, 300 GB/s GDDR6"),
     _gpu("A10G", half_tflops=70, fp32_tflops=31.2, mem_gib=24, hbm_gb_per_s=600, link="pcie4",
          source="AWS EC2 G5 documentation (A10G, 24 GB GDDR6, 600 GB/s); dense tensor FP16 not published, "
                 "~70 TFLOPS commonly reported", notes="approximate tensor peak"),
     _gpu("RTX-3090", half_tflops=71, fp32_tflops=35.6, mem_gib=24, hbm_gb_per_s=936, link="pcie4",
          source="NVIDIA Ampere GA102 whitepaper: 71 TFLOPS FP16 tensor with FP32 accumulate, 936 GB/s"),
     _gpu("RTX-4090", half_tflops=165.2, fp32_tflops=82.6, mem_gib=24, hbm_gb_per_s=1008, link="pcie4",
-         source="NVIDIA Ada Lovelace whitepaper: 165.2 TFLOPS FP16/BF16 tensor with FP32 accumulate, 1,008 GB/s"),
+         fp8_tflops=330.3,
+         source="NVIDIA Ada Lovelace whitepaper: 165.2 TFLOPS FP16/BF16 and 330.3 FP8 tensor with FP32 "
+                "accumulate, 1,008 GB/s"),
     _gpu("RTX-2080", half_tflops=40.3, bf16=False, fp32_tflops=10.1, mem_gib=8, hbm_gb_per_s=448, link="pcie3",
          source="NVIDIA Turing whitepaper: RTX 2080 40.3 TFLOPS FP16 tensor with FP32 accumulate, 448 GB/s"),
     _gpu("Titan-RTX", half_tflops=130.5, bf16=False, fp32_tflops=16.3, mem_gib=24, hbm_gb_per_s=672, link="pcie3",
@@ -211,7 +239,9 @@ _BUILTIN: tuple[GPUType, ...] = (
                 "per package of 2 GCDs; one entry is one GCD",
          notes="one MI250X package is two devices: count 8 devices per 4-package node"),
     _gpu("MI300X", half_tflops=1307.4, fp32_tflops=163.4, mem_gib=192, hbm_gb_per_s=5300, link="xgmi-mi300x",
-         vendor="AMD", source="AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense, 192 GB HBM3, 5.3 TB/s"),
+         vendor="AMD", fp8_tflops=2614.9,
+         source="AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense, 2,614.9 FP8 dense, 192 GB HBM3, "
+                "5.3 TB/s"),
 )
 
 #: Alternative spellings accepted wherever a GPU type is named (lower-case keys).
@@ -270,7 +300,7 @@ def get_link(name: str, *, field: str = "intra_node_link", source: str = "") -> 
                     f"use one of {', '.join(LINKS)} or give intra_node_gbs explicitly", source=source)
 
 
-_GPU_FIELDS = ("name", "fp16_tflops", "bf16_tflops", "fp32_tflops", "memory_gib", "memory_gb",
+_GPU_FIELDS = ("name", "fp16_tflops", "bf16_tflops", "fp8_tflops", "fp32_tflops", "memory_gib", "memory_gb",
                "hbm_gbs", "link", "num_sms", "compute_capability", "vendor", "source", "notes")
 
 
@@ -301,6 +331,8 @@ def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", sou
                        f"{f}.num_sms", data["num_sms"], source=source),
                    compute_capability=None if data.get("compute_capability") is None else _check.positive_float(
                        f"{f}.compute_capability", data["compute_capability"], source=source),
+                   fp8_flops_per_s=None if data.get("fp8_tflops") is None else _check.positive_float(
+                       f"{f}.fp8_tflops", data["fp8_tflops"], source=source) * u.TFLOPS,
                    vendor=str(data.get("vendor", "custom")),
                    source=str(data.get("source", "user-defined")), notes=str(data.get("notes", "")))
 

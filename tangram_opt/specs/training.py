@@ -23,7 +23,9 @@ class TrainingSpec:
     Bytes per parameter follow the mixed-precision Adam accounting of ZeRO (Rajbhandari et al.,
     SC'20, Sec. 3.1): 2 bytes of fp16/bf16 weights, 2 bytes of gradients, and K = 12 bytes of
     optimizer state (fp32 master weights, momentum and variance). For ``precision="fp32"`` the
-    weights and gradients are 4 bytes and the state is 8 bytes (no separate master copy).
+    weights and gradients are 4 bytes and the state is 8 bytes (no separate master copy). For
+    ``precision="fp8"`` (Transformer Engine's FP8 linear layers in a bf16 model) the accounting is
+    bf16's; the cost model adds the FP8 weight copies of the linear layers (docs/cost_model.md §2.1).
     ``None`` picks those defaults from ``precision``.
     """
 
@@ -99,12 +101,16 @@ def load_training(spec: str | Path | Mapping[str, Any] | TrainingSpec) -> Traini
 
 
 def check_precision(training: TrainingSpec, cluster: Cluster) -> None:
-    """Raise if a GPU type of ``cluster`` cannot train in ``training.precision`` (bf16 on V100, Turing)."""
+    """Raise if a GPU type of ``cluster`` cannot train in ``training.precision`` (bf16 on V100 and
+    Turing; fp8 before Hopper and Ada)."""
     for group in cluster.node_groups:
         if not group.gpu.supports(training.precision):
+            fp8 = training.precision == "fp8" and group.gpu.bf16_flops_per_s is not None
             raise SpecError("training.precision", training.precision,
-                            f"node group {group.name!r} has {group.gpu.name} GPUs, which have no BF16 tensor cores",
-                            "train in fp16 (precision: fp16) or leave those nodes out of the cluster")
+                            f"node group {group.name!r} has {group.gpu.name} GPUs, which have "
+                            f"{group.gpu.missing_for(training.precision)}",
+                            f"train in {'bf16 (precision: bf16)' if fp8 else 'fp16 (precision: fp16)'} or leave "
+                            "those nodes out of the cluster")
 
 
 __all__ = ["TrainingSpec", "check_precision", "load_training", "training_from_dict"]
