@@ -72,7 +72,7 @@ _RUN_REQUIRED = (
     "tp", "pp", "cp", "ep", "dp", "zero", "fsdp", "virtual_pipeline", "recompute", "recompute_detail",
     "precision", "precision_detail", "attention", "measured", "representable", "note", "source",
 )
-_RUN_OPTIONAL = ("gpu_note", "attention_kernel")
+_RUN_OPTIONAL = ("gpu_note", "attention_kernel", "tp_comm_overlap")
 _MEASURED_KEYS = ("tokens_per_s_per_gpu", "step_time_s", "mfu", "model_tflops_per_gpu", "peak_memory_gib")
 _SOURCE_KEYS = ("url", "table", "version", "accessed", "note")
 
@@ -135,6 +135,8 @@ class PublishedRun:
     attention: str | None
     #: the attention kernel the run used when it is not the GPU's default (tangram_opt.cost.ATTENTION_KERNELS)
     attention_kernel: str | None
+    #: the run overlapped TP communication with its GEMMs (Megatron --tp-comm-overlap), as the source states
+    tp_comm_overlap: bool
     measured: Measured
     representable: bool
     note: str
@@ -283,6 +285,9 @@ def _parse_run(i: int, row: Any, shapes: Mapping[str, Any], src: str) -> Publish
     rec = row["recompute"]
     if rec is not None and rec not in RECOMPUTE:
         raise _err(f"{w}.recompute", rec, f"must be one of {', '.join(RECOMPUTE)} or null", source=src)
+    overlap = row.get("tp_comm_overlap", False)
+    if not isinstance(overlap, bool):
+        raise _err(f"{w}.tp_comm_overlap", overlap, "must be true or false (absent: false)", source=src)
     kernel = row.get("attention_kernel")
     if kernel is not None and kernel not in ATTENTION_KERNELS:
         raise _err(f"{w}.attention_kernel", kernel, f"must be one of {', '.join(ATTENTION_KERNELS)} or absent",
@@ -329,7 +334,7 @@ def _parse_run(i: int, row: Any, shapes: Mapping[str, Any], src: str) -> Publish
         recompute_detail=_str(f"{w}.recompute_detail", row["recompute_detail"], allow_none=True, src=src),
         precision=prec, precision_detail=_str(f"{w}.precision_detail", row["precision_detail"], src=src),
         attention=_str(f"{w}.attention", row["attention"], allow_none=True, src=src), attention_kernel=kernel,
-        measured=measured,
+        tp_comm_overlap=overlap, measured=measured,
         representable=row["representable"], note=_str(f"{w}.note", row["note"], src=src), source=source)
 
 
@@ -454,6 +459,11 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
     if run.virtual_pipeline is not None and run.virtual_pipeline > 1:
         notes.append(f"virtual pipeline {run.virtual_pipeline} planned as plain 1F1B")
     training = to.TrainingSpec(global_batch_size=run.global_batch_size, seq_len=run.seq_len, precision=run.precision)
+    if run.tp_comm_overlap and run.tp > 1 and "calibration" not in cost_model_kwargs:
+        from tangram_opt.cost import Calibration
+
+        cost_model_kwargs = {**cost_model_kwargs, "calibration": Calibration(overlap_tp_comm=True)}
+        notes.append("TP communication overlapped with the GEMMs (as published)")
     if run.attention_kernel is not None:
         notes.append(f"attention kernel {run.attention_kernel} (as published)")
     candidates = micro_batch_candidates(run)

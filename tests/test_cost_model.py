@@ -407,3 +407,22 @@ def test_fp8_runs_the_linear_layers_at_the_fp8_peak_and_keeps_their_fp8_weights(
     with pytest.raises(SpecError) as exc:
         check_precision(TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp8"), load_cluster("a100-v100"))
     assert "FP8" in str(exc.value) or "BF16" in str(exc.value)
+
+
+def test_tp_comm_overlap_hides_tp_collectives_under_the_gemms_but_one_chunk():
+    from tangram_opt.specs import load_model, make_cluster
+
+    model = load_model("llama-2-13b")
+    node = make_cluster("h", [dict(gpu="H100", nodes=1, gpus_per_node=8, nic_gbps=3200)]).node_groups[0].node
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    cfg = StageConfig(tp=8, dp=1, micro_batch_size=1)
+    off = CostModel(model, t).layer(node, cfg, "dense")
+    on = CostModel(model, t, calibration=Calibration(overlap_tp_comm=True)).layer(node, cfg, "dense")
+    assert on.breakdown["compute_fwd"] == off.breakdown["compute_fwd"]
+    # the GEMMs take longer than the collectives here: only one of tp chunks stays exposed
+    assert on.breakdown["tp_comm"] == pytest.approx(off.breakdown["tp_comm"] / 8)
+    assert on.fwd_time_s + on.bwd_time_s < off.fwd_time_s + off.bwd_time_s
+    # without sequence parallelism (all-reduces) nothing is overlapped
+    nosp = StageConfig(tp=8, dp=1, micro_batch_size=1, sequence_parallel=False)
+    assert CostModel(model, t, calibration=Calibration(overlap_tp_comm=True)).layer(node, nosp, "dense") \
+        .breakdown["tp_comm"] == CostModel(model, t).layer(node, nosp, "dense").breakdown["tp_comm"]

@@ -87,6 +87,9 @@ class Calibration:
       NCCL buffers, the allocator's fragmentation and cuBLAS workspaces.
     - ``overlap_grad_reduce``: data-parallel gradient reduction overlaps the last backward
       (Megatron ``--overlap-grad-reduce``); when False it is fully exposed.
+    - ``overlap_tp_comm``: tensor-parallel all-gathers and reduce-scatters (sequence parallelism)
+      run chunk by chunk under the GEMMs next to them (Megatron ``--tp-comm-overlap``, Transformer
+      Engine userbuffers); when False (Megatron's default) they are fully exposed.
     """
 
     matmul_efficiency: Mapping[str, float] = _table("matmul_efficiency")
@@ -100,6 +103,7 @@ class Calibration:
     memory_reserve_fraction: float = float(_SHIPPED["scalars"]["memory_reserve_fraction"])
     memory_reserve_bytes: float = float(_SHIPPED["scalars"]["memory_reserve_gib"]) * u.GiB
     overlap_grad_reduce: bool = bool(_SHIPPED["scalars"]["overlap_grad_reduce"])
+    overlap_tp_comm: bool = bool(_SHIPPED["scalars"].get("overlap_tp_comm", False))
 
     def __post_init__(self) -> None:
         for name in ("matmul_efficiency", "fp32_matmul_efficiency", "attention_efficiency",
@@ -180,7 +184,7 @@ _FILE_SCALARS: dict[str, tuple[str, float]] = {
     "memory_reserve_fraction": ("memory_reserve_fraction", 1.0),
     "memory_reserve_gib": ("memory_reserve_bytes", u.GiB),
 }
-_FILE_FLAGS = ("overlap_grad_reduce",)
+_FILE_FLAGS = ("overlap_grad_reduce", "overlap_tp_comm")
 
 
 def _table_fields() -> tuple[str, ...]:

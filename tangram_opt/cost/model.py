@@ -117,6 +117,12 @@ class _Rates:
 _MISSING = object()
 
 
+def _chunk_overlap(comm_s: float, compute_s: float, chunks: int) -> float:
+    """Exposed seconds of ``comm_s`` run in ``chunks`` pieces under ``compute_s`` split the same way:
+    the excess over the compute, plus one chunk of the overlapped part (the pipeline's fill)."""
+    return max(0.0, comm_s - compute_s) + min(comm_s, max(0.0, compute_s)) / max(1, chunks)
+
+
 def _check_imbalance(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1.0 <= value < float("inf")):
         raise SpecError("moe_load_imbalance", value, "must be a finite ratio >= 1",
@@ -394,6 +400,13 @@ class CostModel:
             tp_comm = 0.0
         if profiled == 0.5:  # the attention core scales with its block (selective recomputation reruns it)
             attn_fwd_s *= fwd_c / fwd_all_s
+        tp_fwd = tp_bwd = tp_comm
+        if c.overlap_tp_comm and sh.sp and tp_comm > 0:
+            # Transformer Engine userbuffers (Megatron --tp-comm-overlap): the all-gather before and the
+            # reduce-scatter after each linear layer run as tp ring chunks under the GEMM's own chunks;
+            # what the GEMMs cannot cover, and one chunk of what they do, stays exposed
+            tp_fwd = _chunk_overlap(tp_comm, fwd_c - attn_fwd_s, cfg.tp)
+            tp_bwd = _chunk_overlap(tp_comm, bwd_c - attn_bwd_s, cfg.tp)
         # context parallel: KV ring exchange overlapped with the attention core
         cp_fwd = cp_bwd = 0.0
         if cfg.cp > 1:
@@ -428,13 +441,13 @@ class CostModel:
         # selective recomputation repeats the materialized attention core (nothing with flash, which
         # recomputes its scores inside its own backward kernel)
         if cfg.recompute == "full":
-            recompute = fwd_c + tp_comm + cp_fwd + ep_pass
+            recompute = fwd_c + tp_fwd + cp_fwd + ep_pass
         elif cfg.recompute == "selective":
             recompute = attn_fwd_s if self.kernel_for(node.gpu) != "flash" else 0.0
         else:
             recompute = 0.0
-        fwd = fwd_c + tp_comm + cp_fwd + ep_pass + z3_fwd
-        bwd = bwd_c + recompute + tp_comm + cp_bwd + ep_pass + z3_bwd
+        fwd = fwd_c + tp_fwd + cp_fwd + ep_pass + z3_fwd
+        bwd = bwd_c + recompute + tp_bwd + cp_bwd + ep_pass + z3_bwd
         # step tail: gradient sync not hidden behind the last backward, and the optimizer
         grad_sync, param_gather = self._grad_sync(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
         if c.overlap_grad_reduce:
@@ -473,7 +486,7 @@ class CostModel:
                          activation_bytes=act, transient_bytes=work, grad_sync_time_s=exposed,
                          optimizer_time_s=opt, model_flops=model_flops,
                          breakdown={"compute_fwd": fwd_c, "compute_bwd": bwd_c, "recompute": recompute,
-                                    "attention_core_fwd": attn_fwd_s, "tp_comm": 2 * tp_comm,
+                                    "attention_core_fwd": attn_fwd_s, "tp_comm": tp_fwd + tp_bwd,
                                     "cp_comm": cp_fwd + cp_bwd, "ep_comm": 2 * ep_pass,
                                     "zero3_comm": z3_fwd + z3_bwd, "grad_sync_total": grad_sync + param_gather,
                                     "profiled": profiled})
