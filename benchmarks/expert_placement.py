@@ -116,10 +116,10 @@ def run(quick: bool = False, time_limit_s: float = 10.0, backend: str = "highs",
 Columns: max/mean is the hottest rank's load over the mean rank load (1.0 = perfect balance; it multiplies the
 MoE layer time). "MIP vs greedy" is the relative change of that ratio. The certified gap is
 (objective - lower bound) / objective, where the bound is the strongest of the combinatorial bounds (mean,
-replica-count, top-j, pigeonhole with cardinality fill, spread-fill, crowding; formulations/expert_placement.md)
-and the MIP's dual bound. "MIP solver used": "no (bound met)" when the warm start (greedy, differencing, local
-search, optimal shares) already met a combinatorial bound within 0.1%, otherwise the backend and its final
-status. "previous" columns: the same rows in the results this run replaced (`-`: row not in them). Cross-node
+replica-count, top-j, pigeonhole with cardinality fill, spread-fill, crowding, replica-case;
+formulations/expert_placement.md) and the MIP's dual bound. "MIP solver used": "no (bound met)" when the warm
+start (greedy, differencing, local search, starts from the replica cases, optimal shares) already met a
+combinatorial bound within 0.1%, otherwise the backend and its final status. "previous" columns: the same rows in the results this run replaced (`-`: row not in them). Cross-node
 tokens are a fraction of all routed tokens, with tokens generated uniformly over the EP ranks (definition in
 docs/expert_placement.md); neither method was asked to minimize them here (cross_node_weight = 0), but the
 MIP's shares are chosen to minimize them at the optimal max load.
