@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.multi import assemble, run_multi_pipeline
+from tangram_opt.planner.multi_pipeline import assemble, run_multi_pipeline
 from tangram_opt.planner.plan import Plan
 from tangram_opt.planner.search import MULTI_PIPELINE_SINGLE_SHARE, solve
 from tangram_opt.sim import simulate, validate

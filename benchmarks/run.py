@@ -375,8 +375,8 @@ def export_mps(sc: Scenario, cluster: Cluster, ctx: PlanningContext, plan: Plan,
     """
     import gzip
 
-    from tangram_opt.planner.aggregated import AggregatedMIP
-    from tangram_opt.planner.formulation import FormulationOptions, StageChoice
+    from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+    from tangram_opt.planner.formulations.positional import FormulationOptions, StageChoice
     from tangram_opt.planner.search import fluid_bottleneck_s
     from tangram_opt.solvers import SolveOptions, solve_model
 

@@ -16,6 +16,7 @@ import os
 import sys
 
 import tangram_opt.planner.search as _search
+import tangram_opt.planner.search.branch_and_bound as _inputs
 
 RTOL = 0.02
 _original_solve = _search.solve
@@ -31,8 +32,8 @@ def _checked(plan, cluster, model, training, kwargs):  # type: ignore[no-untyped
     if not isinstance(imbalance, (int, float)):
         return
     cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    model = _search._load_model(model)
-    training = _search._load_training(training)
+    model = _inputs._load_model(model)
+    training = _inputs._load_training(training)
     problems = [str(v) for v in validate(plan, cluster, model, training)]
     if not problems:
         res = simulate(plan, cluster, model, training,

@@ -13,12 +13,12 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types, stage_type
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types, stage_type
 from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import FormulationOptions
-from tangram_opt.planner.search import _tick_for, rounding_ticks
+from tangram_opt.planner.formulations.positional import FormulationOptions
+from tangram_opt.planner.search.branch_and_bound import _tick_for, rounding_ticks
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 
@@ -139,7 +139,7 @@ def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
 def test_support_class_best_is_the_exhaustive_best_of_its_class():
     # the search cuts a class off a window once support_class_best has its exact best: that value
     # must be the minimum over every plan of the class (same first/last type, same middle types)
-    from tangram_opt.planner.aggregated import support_class_best
+    from tangram_opt.planner.formulations.aggregated import support_class_best
 
     cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
                                      dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])

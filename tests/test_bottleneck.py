@@ -8,10 +8,10 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.aggregated import enumerate_types
+from tangram_opt.planner.formulations.aggregated import enumerate_types
 from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.planner.bottleneck import LayerKnapsack, knapsack_bottleneck_s
-from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack, knapsack_bottleneck_s
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.search import fluid_bottleneck_s
 from tangram_opt.planner.space import SearchSpace

@@ -10,10 +10,10 @@ import pytest
 
 from tangram_opt.cost import StageConfig
 from tangram_opt.errors import SpecError
-from tangram_opt.planner.brute_multi import brute_force_multi
+from tangram_opt.testing.exhaustive_multi import brute_force_multi
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands
-from tangram_opt.planner.multi import (MultiPipelineOptions, SyncStage, _Pricer, assemble, cross_sync, latency_steps,
+from tangram_opt.planner.multi_pipeline.templates import (MultiPipelineOptions, SyncStage, _Pricer, assemble, cross_sync, latency_steps,
                                        one_stage_templates, ring_factor, run_multi_pipeline, solve_level2,
                                        split_micro_batches, sub_cluster)
 from tangram_opt.planner.plan import Plan

@@ -87,10 +87,10 @@ def test_notebook_runs_in_fast_mode(tmp_path, monkeypatch):
     assert elapsed < MAX_FAST_S, f"fast mode took {elapsed:.0f} s"
 
 
-# --- the helpers the notebook is built on (tangram_opt.planner.study) --------------------------------
+# --- the helpers the notebook is built on (tangram_opt.analysis.solver_study) --------------------------------
 def test_trajectory_helpers_read_search_events():
     from tangram_opt import SearchEvent
-    from tangram_opt.planner.study import gap_at, time_to_gap, trajectory_frame
+    from tangram_opt.analysis.solver_study import gap_at, time_to_gap, trajectory_frame
 
     events = [SearchEvent(0.5, 2.0, 1.0, "start"), SearchEvent(1.0, 2.0, 1.9, "root bounds"),
               SearchEvent(3.0, 1.95, 1.95, "done")]
@@ -106,7 +106,7 @@ def test_trajectory_helpers_read_search_events():
 
 def test_formulation_sizes_gives_valid_lp_bounds_and_the_solve_trace_matches_the_certificate():
     import tangram_opt as to
-    from tangram_opt.planner.study import formulation_sizes, solve_traced, subproblem_frame
+    from tangram_opt.analysis.solver_study import formulation_sizes, solve_traced, subproblem_frame
 
     training = to.TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")  # tiny-mixed-opt-350m
     model = to.load_model("opt-350m")

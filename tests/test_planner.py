@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from tangram_opt.baselines import greedy
 from tangram_opt.errors import InfeasibleError, SpecError
-from tangram_opt.planner.brute import brute_force
+from tangram_opt.testing.exhaustive import brute_force
 from tangram_opt.planner.candidates import coefficient_matrix
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands, islands_report
-from tangram_opt.planner.pipeline_model import pipeline_timing, schedule_makespan
+from tangram_opt.planner.formulations.pipeline_model import pipeline_timing, schedule_makespan
 from tangram_opt.planner.plan import Plan
 from tangram_opt.planner.search import solve
 from tangram_opt.planner.space import SearchSpace
@@ -109,7 +109,7 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
     """Forced on a small instance, the restricted search (heuristically pruned candidates) runs
     first; its plan maps back onto the full candidate table (also from a provider that returns
     new objects on every call) and the search still proves the brute-force optimum."""
-    import tangram_opt.planner.search as search
+    import tangram_opt.planner.search.branch_and_bound as search
 
     cluster, model, training, space, best = instance
     monkeypatch.setattr(search, "RESTRICTED_PRIMAL_CANDIDATES", 0)
@@ -148,7 +148,7 @@ def test_tolerance_is_the_largest_in_flight_count_that_fits():
     strictly inside the range."""
     import random
 
-    from tangram_opt.planner.aggregated import _tolerance
+    from tangram_opt.planner.formulations.aggregated import _tolerance
 
     cluster = make_cluster("tight", [dict(name="v", gpu="V100-32", nodes=1, gpus_per_node=4, nic_gbps=100),
                                      dict(name="l", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
@@ -362,7 +362,7 @@ def test_primal_turns_dive_into_the_least_searched_size_near_its_best_plan():
     import heapq
     import time
 
-    from tangram_opt.planner.search import _BranchAndBound, _Node, _Sub
+    from tangram_opt.planner.search.branch_and_bound import _BranchAndBound, _Node, _Sub
 
     ctx = PlanningContext(two_islands(), load_model("llama-3-8b").with_layers(4),
                           TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"))

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tangram_opt.errors import InfeasibleError
-from tangram_opt.planner.brute import brute_force
+from tangram_opt.testing.exhaustive import brute_force
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.search import solve
 from tangram_opt.planner.space import SearchSpace

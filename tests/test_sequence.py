@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types
 from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.planner.brute import enumerate_plans
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import FormulationOptions
-from tangram_opt.planner.search import _tick_for, rounding_ticks
-from tangram_opt.planner.sequence import SequenceMIP, position_types
+from tangram_opt.planner.formulations.positional import FormulationOptions
+from tangram_opt.planner.search.branch_and_bound import _tick_for, rounding_ticks
+from tangram_opt.planner.formulations.stage_sequence import SequenceMIP, position_types
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import SolveOptions, SolveStatus, available_backends, solve_model
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster

@@ -436,7 +436,7 @@ def test_the_checker_shares_no_code_with_the_planner_formulation():
 
     import tangram_opt.sim as sim
 
-    forbidden = ("tangram_opt.planner.pipeline_model", "tangram_opt.planner.formulation",
+    forbidden = ("tangram_opt.planner.formulations.pipeline_model", "tangram_opt.planner.formulations.positional",
                  "tangram_opt.planner.candidates", "tangram_opt.planner.assemble", "tangram_opt.planner.search",
                  "tangram_opt.planner.context", "tangram_opt.solvers", "tangram_opt.baselines")
     for path in Path(sim.__file__).parent.glob("*.py"):

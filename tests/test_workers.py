@@ -6,7 +6,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from tangram_opt.planner import search as search_module
+from tangram_opt.planner.search import branch_and_bound as search_module
 from tangram_opt.planner.search import solve
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model

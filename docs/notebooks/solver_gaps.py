@@ -27,7 +27,7 @@
 #
 # Every number comes from the public API: the `on_progress` callback of `solve`,
 # `plan.certificate.trajectory` and `plan.certificate.subproblems`, through the small helpers of
-# `tangram_opt.planner.study` (`solve_traced`, `trajectory_frame`, `subproblem_frame`,
+# `tangram_opt.analysis.solver_study` (`solve_traced`, `trajectory_frame`, `subproblem_frame`,
 # `formulation_sizes`). The sentences marked *measured* are generated from the numbers of this run.
 #
 # **Fast mode** (default, run by the test suite): two small scenarios, 5 s limits, about two
@@ -79,7 +79,7 @@ import yaml
 from IPython.display import Markdown, display
 
 import tangram_opt as to
-from tangram_opt.planner.study import formulation_sizes, solve_traced, subproblem_frame
+from tangram_opt.analysis.solver_study import formulation_sizes, solve_traced, subproblem_frame
 
 NOTEBOOK_T0 = time.perf_counter()
 pd.set_option("display.width", 160)

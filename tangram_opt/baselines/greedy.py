@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import StageChoice
-from tangram_opt.planner.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.formulations.positional import StageChoice
+from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
 from tangram_opt.planner.plan import Plan
 
 

@@ -27,9 +27,9 @@ from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.candidates import Candidate, price_candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
 from tangram_opt.planner.islands import Island
-from tangram_opt.planner.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
 from tangram_opt.planner.plan import Certificate, Plan
 from tangram_opt.solvers import DEFAULT_BACKEND
 from tangram_opt.specs.cluster import Cluster

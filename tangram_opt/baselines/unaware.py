@@ -30,9 +30,9 @@ from tangram_opt.errors import InfeasibleError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import StageChoice
+from tangram_opt.planner.formulations.positional import StageChoice
 from tangram_opt.planner.islands import Island
-from tangram_opt.planner.pipeline_model import boundary_time_s, inflight_micro_batches, pipeline_timing
+from tangram_opt.planner.formulations.pipeline_model import boundary_time_s, inflight_micro_batches, pipeline_timing
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster, NodeGroup
 from tangram_opt.specs.hardware import GPUType

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import PipelineProblem, StageChoice
-from tangram_opt.planner.pipeline_model import PipelineTiming, exact_step_time, pipeline_timing
+from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.pipeline_model import PipelineTiming, exact_step_time, pipeline_timing
 from tangram_opt.planner.plan import Certificate, PipelinePlan, Plan, StagePlan
 
 

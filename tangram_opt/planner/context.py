@@ -9,9 +9,9 @@ from tangram_opt.cost import Calibration, CostModel
 from tangram_opt.cost.profiles import ProfileSet
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.candidates import AnalyticalCandidates, Candidate, CandidateProvider
-from tangram_opt.planner.formulation import PipelineProblem
+from tangram_opt.planner.formulations.positional import PipelineProblem
 from tangram_opt.planner.islands import Island, find_islands, island_link
-from tangram_opt.planner.pipeline_model import BoundaryLink
+from tangram_opt.planner.formulations.pipeline_model import BoundaryLink
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import LAYER_KINDS, ModelSpec

@@ -236,13 +236,13 @@ class Plan:
 
     def summary(self, width: int = 120) -> str:
         """A readable text table: stages, parallelism, memory, times, tokens/s, MFU and the gap."""
-        from tangram_opt.show.summary import summary_text
+        from tangram_opt.planner.plan_summary import summary_text
 
         return summary_text(self, width=width)
 
     def to_dataframe(self):  # type: ignore[no-untyped-def]
         """One row per stage (pandas), plan-level figures in ``.attrs``; for notebooks."""
-        from tangram_opt.show.summary import plan_table
+        from tangram_opt.planner.plan_summary import plan_table
 
         return plan_table(self)
 

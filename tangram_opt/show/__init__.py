@@ -5,8 +5,8 @@
 Plots import matplotlib only when called.
 """
 
-from tangram_opt.show.summary import (TABLE_COLUMNS, headline, open_parts, plan_metrics, plan_table,
-                                      print_summary, summary_renderable, summary_text)
+from tangram_opt.planner.plan_summary import (TABLE_COLUMNS, headline, open_parts, plan_metrics, plan_table,
+                                              print_summary, summary_renderable, summary_text)
 
 
 def __getattr__(name: str):  # lazy: matplotlib is imported only when a plot is asked for

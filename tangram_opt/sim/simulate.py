@@ -1,7 +1,7 @@
 """Discrete-event replay of one training step, micro-batch by micro-batch (see docs/simulator.md).
 
 The simulator is the independent check of a plan. It shares no code path with the planner's
-formulation or closed form (``tangram_opt.planner.pipeline_model``): every stage's forward,
+formulation or closed form (``tangram_opt.planner.formulations.pipeline_model``): every stage's forward,
 backward and tail durations and its memory terms are recomputed from the specs by the cost model
 (:mod:`tangram_opt.sim._stages`), and the step time comes out of an event-driven replay of the
 schedule, not a formula.
@@ -325,7 +325,7 @@ class SimulationResult:
         """Per-stage predicted vs simulated figures.
 
         The plan's predicted timeline of stage k follows its own stated assumptions (docstring of
-        ``tangram_opt.planner.pipeline_model``): its first forward starts at ``sum_{j<k} (F_j + c_j)``,
+        ``tangram_opt.planner.formulations.pipeline_model``): its first forward starts at ``sum_{j<k} (F_j + c_j)``,
         its last backward ends ``sum_{j<k} (B_j + c_j)`` before the pipeline's makespan, then its tail
         runs; in between, whatever is not ``m (F_k + B_k)`` of work is a stall.
         """

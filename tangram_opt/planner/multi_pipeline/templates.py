@@ -43,9 +43,9 @@ from tangram_opt.errors import TangramError
 from tangram_opt.planner.assemble import choices_timing, make_plan
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
 from tangram_opt.planner.islands import Island, find_islands
-from tangram_opt.planner.pipeline_model import PipelineTiming, inflight_micro_batches, schedule_makespan
+from tangram_opt.planner.formulations.pipeline_model import PipelineTiming, inflight_micro_batches, schedule_makespan
 from tangram_opt.planner.plan import Certificate, PipelinePlan, Plan, StagePlan
 from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, lp_relaxation_bound, lsum, relative_gap,
                                  solve_model)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from tangram_opt.planner.assemble import choices_timing
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import PipelineProblem, StageChoice
-from tangram_opt.planner.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
 
 
 @dataclass(frozen=True, slots=True)

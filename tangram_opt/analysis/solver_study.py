@@ -5,7 +5,7 @@ These helpers turn what :func:`tangram_opt.solve` already exposes (the ``on_prog
 the per-sub-problem models *without solving them* so their size and LP bound can be compared across
 formulations and cluster sizes. docs/notebooks/solver_gaps.ipynb is written on top of them::
 
-    from tangram_opt.planner.study import solve_traced, formulation_sizes
+    from tangram_opt.analysis.solver_study import solve_traced, formulation_sizes
     run = solve_traced("tiny-mixed", "opt-350m", time_limit_s=5, backend="highs")
     run.trajectory            # elapsed_s, incumbent_s, bound_s, gap, message (one row per search event)
     run.summary()             # objective, bound, gap, root bound, time to 1% gap, model size, ...
@@ -27,10 +27,10 @@ from typing import Any
 import pandas as pd
 
 from tangram_opt.errors import NoSolutionError, SpecError
-from tangram_opt.planner.aggregated import AggregatedMIP, enumerate_types
-from tangram_opt.planner.bottleneck import knapsack_bottleneck_s
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types
+from tangram_opt.planner.formulations.knapsack_bound import knapsack_bottleneck_s
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import FormulationOptions, PositionalMIP
+from tangram_opt.planner.formulations.positional import FormulationOptions, PositionalMIP
 from tangram_opt.planner.plan import Plan
 from tangram_opt.planner.search import FORMULATIONS, SearchEvent, fluid_bottleneck_s, quick_lower_bound, solve
 from tangram_opt.planner.space import SearchSpace

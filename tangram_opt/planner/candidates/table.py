@@ -31,7 +31,7 @@ class Candidate:
     are the extra costs of the first and last stage; ``capacity_bytes`` the usable memory per GPU.
     ``p2p_nic_s`` / ``p2p_scale_up_s``: seconds this stage's GPUs need to send (or receive) their
     shares of one micro-batch's activations through their NICs / over their node's scale-up link
-    (one side of a stage boundary; :func:`~tangram_opt.planner.pipeline_model.boundary_time_s`
+    (one side of a stage boundary; :func:`~tangram_opt.planner.formulations.pipeline_model.boundary_time_s`
     combines both sides and the path).
     """
 

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tangram_opt.planner.candidates import Candidate, sends_no_slower
-from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
-from tangram_opt.planner.pipeline_model import pipeline_timing
+from tangram_opt.planner.formulations.positional import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.pipeline_model import pipeline_timing
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var, lsum
 
 ROLES = ("first", "mid", "last")

@@ -25,16 +25,16 @@ from typing import Any
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.cost import Calibration
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
-from tangram_opt.planner.aggregated import (AggregatedMIP, StageType, enumerate_types, polish, reorder,
+from tangram_opt.planner.formulations.aggregated import (AggregatedMIP, StageType, enumerate_types, polish, reorder,
                                            support_class_best, try_order)
 from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
-from tangram_opt.planner.bottleneck import LayerKnapsack
+from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
 from tangram_opt.planner.candidates import Candidate, CandidateProvider
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
+from tangram_opt.planner.formulations.positional import FormulationOptions, PipelineProblem, PositionalMIP, StageChoice
 from tangram_opt.planner.islands import Island
 from tangram_opt.planner.plan import Certificate, Plan
-from tangram_opt.planner.sequence import SequenceMIP
+from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import (DEFAULT_BACKEND, SolveOptions, SolveStatus, get_backend, lp_relaxation_bound,
                                  relative_gap, solve_model)
@@ -291,7 +291,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     ``threads``: with HiGHS, ``threads - 1`` solver processes solve leaf MIPs beside the search
     (solvers/workers.py; HiGHS's branch and bound is serial); other backends get the threads.
 
-    ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi.MultiPipelineOptions`): after
+    ``multi_pipeline`` (True, or a :class:`~tangram_opt.planner.multi_pipeline.MultiPipelineOptions`): after
     the single-pipeline search (given at most 70% of ``time_limit_s``), search plans of several
     data-parallel pipelines with uneven batch shares (docs/multi_pipeline.md) and return the better
     plan; the certificate then covers both spaces. False keeps the single-pipeline search alone.
@@ -328,7 +328,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     plan = search.run()
     if not multi_pipeline:
         return _attach_expert_placement(plan, moe_load_imbalance)
-    from tangram_opt.planner.multi import MultiPipelineOptions, with_multi_pipeline
+    from tangram_opt.planner.multi_pipeline import MultiPipelineOptions, with_multi_pipeline
 
     plan = with_multi_pipeline(ctx, plan, backend=backend, time_limit_s=time_limit_s, t0=t0, threads=threads,
                                seed=seed, rel_gap=rel_gap,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tangram_opt import units as u
 from tangram_opt.planner.candidates import Candidate
-from tangram_opt.planner.pipeline_model import BoundaryLink, boundary_time_s
+from tangram_opt.planner.formulations.pipeline_model import BoundaryLink, boundary_time_s
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
 MEM_UNIT_BYTES = u.MiB
@@ -39,7 +39,7 @@ class PipelineProblem:
     """Everything the formulation sees: numbers only (no cost model).
 
     A stage boundary's p2p time depends on both stages' candidates and on the path between their
-    islands (:func:`~tangram_opt.planner.pipeline_model.boundary_time_s`): ``boundary_s`` gives it
+    islands (:func:`~tangram_opt.planner.formulations.pipeline_model.boundary_time_s`): ``boundary_s`` gives it
     exactly; the models bound it linearly with the per-candidate side times and the island-pair
     tables ``link_lo_s`` / ``link_hi_s`` (the fastest / slowest boundary any two candidates of
     the two islands can have, formulations/pipeline_mip.md §1).

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.multi import Template, _Pricer
+from tangram_opt.planner.multi_pipeline.templates import Template, _Pricer
 
 
 @dataclass(frozen=True, slots=True)

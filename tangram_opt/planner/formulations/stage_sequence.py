@@ -33,9 +33,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tangram_opt.planner.aggregated import StageType
+from tangram_opt.planner.formulations.aggregated import StageType
 from tangram_opt.planner.candidates import sends_no_slower
-from tangram_opt.planner.formulation import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.positional import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
 

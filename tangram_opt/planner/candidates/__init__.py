@@ -1,0 +1,3 @@
+"""The candidate tables."""
+
+from tangram_opt.planner.candidates.table import *  # noqa: F403
