@@ -31,7 +31,8 @@ from pathlib import Path
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.multi_pipeline import assemble, run_multi_pipeline
 from tangram_opt.planner.plan import Plan
-from tangram_opt.planner.search import MULTI_PIPELINE_SINGLE_SHARE, solve
+from tangram_opt.planner.search import SearchOptions, solve, solve_single_pipeline
+from tangram_opt.planner.search.tuning import MULTI_PIPELINE_SINGLE_SHARE
 from tangram_opt.sim import simulate, validate
 from tangram_opt.solvers import DEFAULT_BACKEND
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
@@ -123,13 +124,14 @@ def run_one(row: Row, backend: str, threads: int) -> None:
     ctx.candidates(1)
     t = time.perf_counter()
     row.single = solve(cluster, model, training, time_limit_s=T, backend=backend, threads=threads,
-                       multi_pipeline=False, provider=ctx.provider)
+                       options=SearchOptions(multi_pipeline=False), provider=ctx.provider)
     row.wall_s["single"] = time.perf_counter() - t
     # what solve() does by default, step by step so the multi-pipeline level's own best plan is kept
     t0 = time.perf_counter()
     first = solve(cluster, model, training, time_limit_s=MULTI_PIPELINE_SINGLE_SHARE * T, backend=backend,
-                  threads=threads, multi_pipeline=False, provider=ctx.provider)
-    row.mip, run = run_multi_pipeline(ctx, first, backend=backend, time_limit_s=T, t0=t0, threads=threads)
+                  threads=threads, options=SearchOptions(multi_pipeline=False), provider=ctx.provider)
+    row.mip, run = run_multi_pipeline(ctx, first, solver=solve_single_pipeline, backend=backend, time_limit_s=T,
+                                      t0=t0, threads=threads)
     row.wall_s["mip"] = time.perf_counter() - t0
     lv = run.level2
     row.bounds = (first.certificate.bound_s or 0.0, lv.bound_s)

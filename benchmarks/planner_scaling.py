@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tangram_opt as to
 from benchmarks.run import machine_info
-from tangram_opt.planner.search import solve
+from tangram_opt.planner.search import SearchOptions, solve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,8 @@ def cases(quick: bool) -> list[Case]:
 def run(case: Case, threads: int) -> dict[str, object]:
     t0 = time.perf_counter()
     plan = solve(case.cluster, case.model, to.TrainingSpec(global_batch_size=case.batch, seq_len=case.seq),
-                 time_limit_s=case.limit_s, threads=threads, multi_pipeline=False, rel_gap=case.rel_gap)
+                 time_limit_s=case.limit_s, threads=threads, options=SearchOptions(multi_pipeline=False),
+                 rel_gap=case.rel_gap)
     wall = time.perf_counter() - t0
     cert = plan.certificate
     note = next(n for n in cert.notes if n.startswith("candidates"))

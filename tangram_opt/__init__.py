@@ -1,7 +1,8 @@
 """tangram_opt: provably good training parallelization plans for heterogeneous GPU clusters.
 
 The layers run one way: specs (hardware, cluster, model, training) -> cost model -> islands and
-candidates -> formulation -> solver backends -> plan -> simulate / export / show.
+candidates -> formulations (over solver backends) -> search -> plan -> simulate / export / show
+(docs/design.md; tests/test_layers.py checks every import).
 
 Quick use::
 
@@ -31,11 +32,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "solve": "tangram_opt.planner.search",
     "SearchEvent": "tangram_opt.planner.search",
+    "SearchOptions": "tangram_opt.planner.search",
+    "MultiPipelineOptions": "tangram_opt.planner.multi_pipeline",
     "SearchSpace": "tangram_opt.planner.space",
     "Plan": "tangram_opt.planner.plan",
     "PipelinePlan": "tangram_opt.planner.plan",
     "StagePlan": "tangram_opt.planner.plan",
     "Certificate": "tangram_opt.planner.plan",
+    "CertificateStatus": "tangram_opt.planner.plan",
     "find_islands": "tangram_opt.planner.islands",
     "islands_report": "tangram_opt.planner.islands",
     "simulate": "tangram_opt.sim",

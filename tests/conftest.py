@@ -16,7 +16,7 @@ import os
 import sys
 
 import tangram_opt.planner.search as _search
-import tangram_opt.planner.search.branch_and_bound as _inputs
+from tangram_opt.planner.search.api import calibration_input, planning_inputs, profiles_input
 
 RTOL = 0.02
 _original_solve = _search.solve
@@ -24,21 +24,18 @@ _original_solve = _search.solve
 
 def _checked(plan, cluster, model, training, kwargs):  # type: ignore[no-untyped-def]
     from tangram_opt.sim import simulate, validate
-    from tangram_opt.specs import load_cluster
 
     if kwargs.get("provider") is not None or kwargs.get("expert_loads") is not None:
         return
     imbalance = kwargs.get("moe_load_imbalance", 1.0)
     if not isinstance(imbalance, (int, float)):
         return
-    cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    model = _inputs._load_model(model)
-    training = _inputs._load_training(training)
+    cluster, model, training = planning_inputs(cluster, model, training)
     problems = [str(v) for v in validate(plan, cluster, model, training)]
     if not problems:
         res = simulate(plan, cluster, model, training,
-                       calibration=_search._load_calibration_arg(kwargs.get("calibration")),
-                       profiles=_search._load_profiles_arg(kwargs.get("profiles"), model, training),
+                       calibration=calibration_input(kwargs.get("calibration")),
+                       profiles=profiles_input(kwargs.get("profiles"), model, training),
                        moe_load_imbalance=float(imbalance))
         problems = res.check(plan, rtol=RTOL)
     assert not problems, (f"solve() returned a plan the validator or simulator rejects ({model.name} on "

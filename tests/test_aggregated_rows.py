@@ -13,13 +13,14 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types, stage_type
-from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import FormulationOptions
-from tangram_opt.planner.search.branch_and_bound import _tick_for, rounding_ticks
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+from tangram_opt.planner.formulations.problem import FormulationOptions, choices_timing
+from tangram_opt.planner.formulations.stage_types import enumerate_types, stage_type
+from tangram_opt.planner.formulations.ticks import rounding_ticks
+from tangram_opt.planner.formulations.ticks import tick_for as _tick_for
 from tangram_opt.planner.space import SearchSpace
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 
 GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
@@ -106,7 +107,7 @@ def _check_point(mip: AggregatedMIP, plan, step_time_s: float, where: str) -> li
     violated = mip.model.check(x, tol=1e-6)
     assert not violated, f"{where}: a real plan of {len(plan)} stages violates {violated[:3]}"
     objective = (mip.model.objective.const + sum(c * x[i] for i, c in mip.model.objective.coefs.items()))
-    # integer ticks: Smax rounds up to a whole tick, which (m - 1) multiplies (search.py
+    # integer ticks: Smax rounds up to a whole tick, which (m - 1) multiplies (the search
     # takes ROUNDING_TICKS(m) off every bound it reads from a model for this)
     slack = rounding_ticks(mip.problem.num_micro_batches) * mip.options.tick_s
     assert objective * mip.options.tick_s <= step_time_s + slack, \
@@ -139,7 +140,7 @@ def test_rows_hold_on_a_two_island_cluster_with_unequal_links():
 def test_support_class_best_is_the_exhaustive_best_of_its_class():
     # the search cuts a class off a window once support_class_best has its exact best: that value
     # must be the minimum over every plan of the class (same first/last type, same middle types)
-    from tangram_opt.planner.formulations.aggregated import support_class_best
+    from tangram_opt.planner.formulations.ordering import support_class_best
 
     cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
                                      dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])

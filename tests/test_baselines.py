@@ -21,6 +21,7 @@ from tangram_opt.cost import StageConfig
 from tangram_opt.errors import InfeasibleError, SpecError
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.search import solve
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
 
@@ -36,13 +37,11 @@ def tiny() -> PlanningContext:
 
 @pytest.fixture(scope="module")
 def homog(tiny: PlanningContext) -> HomogeneousResult:
-    return best_homogeneous(tiny, time_limit_s=TIME_LIMIT_S)
+    return best_homogeneous(tiny, solver=solve, time_limit_s=TIME_LIMIT_S)
 
 
 @pytest.fixture(scope="module")
 def mip(tiny: PlanningContext) -> Plan:
-    from tangram_opt.planner.search import solve
-
     return solve(tiny.cluster, tiny.model, tiny.training, time_limit_s=TIME_LIMIT_S)
 
 
@@ -86,8 +85,6 @@ def test_homogeneous_is_best_of_islands(homog: HomogeneousResult) -> None:
 
 def test_homogeneous_keeps_the_island_solve_step(homog: HomogeneousResult, tiny: PlanningContext) -> None:
     """Moving the plan to the full cluster changes labels only: same costs and links on the same island."""
-    from tangram_opt.planner.search import solve
-
     isl = next(i for i in tiny.islands if i.name == homog.island)
     alone = solve(island_cluster(tiny.cluster, isl), tiny.model, tiny.training, time_limit_s=TIME_LIMIT_S)
     assert homog.plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
@@ -116,7 +113,7 @@ def test_homogeneous_notes_islands_where_nothing_fits() -> None:
                           TrainingSpec(global_batch_size=8, seq_len=2048, precision="fp16"),
                           space=SearchSpace(pipeline_micro_batches=(8,)))
     try:
-        h = best_homogeneous(ctx, time_limit_s=TIME_LIMIT_S)
+        h = best_homogeneous(ctx, solver=solve, time_limit_s=TIME_LIMIT_S)
     except InfeasibleError as e:
         assert "v100" in str(e)
         return
@@ -201,7 +198,7 @@ def test_unaware_equals_homogeneous_on_homogeneous_cluster_single_stage() -> Non
     ctx = PlanningContext(load_cluster("h100-64"), load_model("llama-3-8b"),
                           TrainingSpec(global_batch_size=64, seq_len=2048), space=SearchSpace(max_stages=1))
     una = heterogeneity_unaware(ctx).plan
-    hom = best_homogeneous(ctx, time_limit_s=TIME_LIMIT_S).plan
+    hom = best_homogeneous(ctx, solver=solve, time_limit_s=TIME_LIMIT_S).plan
     assert una.step_time_s == pytest.approx(hom.step_time_s, rel=1e-9)
 
 
@@ -209,7 +206,7 @@ def test_unaware_homogeneous_cluster_is_no_better_than_homogeneous() -> None:
     ctx = PlanningContext(load_cluster("h100-64"), load_model("llama-3-8b"),
                           TrainingSpec(global_batch_size=64, seq_len=2048))
     una = heterogeneity_unaware(ctx).plan
-    hom = best_homogeneous(ctx, time_limit_s=TIME_LIMIT_S)
+    hom = best_homogeneous(ctx, solver=solve, time_limit_s=TIME_LIMIT_S)
     assert hom.plan.certificate is not None
     if hom.plan.certificate.status == "optimal":
         assert hom.plan.step_time_s <= una.step_time_s * (1 + 1e-9)

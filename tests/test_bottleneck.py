@@ -1,4 +1,4 @@
-"""The layer-covering knapsack bound on the bottleneck stage time (planner/bottleneck.py)."""
+"""The layer-covering knapsack bound on the bottleneck stage time (planner/formulations/knapsack_bound.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.formulations.aggregated import enumerate_types
-from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack, knapsack_bottleneck_s
-from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.search import fluid_bottleneck_s
+from tangram_opt.planner.formulations.bounds import fluid_bottleneck_s
+from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack, knapsack_bottleneck_s
+from tangram_opt.planner.formulations.problem import choices_timing
+from tangram_opt.planner.formulations.stage_types import enumerate_types
 from tangram_opt.planner.space import SearchSpace
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 
 GPUS = ["V100-32", "A100-40", "H100-SXM", "L4"]
@@ -109,7 +109,7 @@ def test_cover_holds_every_block_within_the_cap_and_the_gpu_budgets():
 
 
 def test_cover_with_an_island_cap_keeps_that_island_below_it():
-    # separator covers (search.knapsack_plans): one island capped lower, so its stages can sit
+    # separator covers (search/primal.py, knapsack_plans): one island capped lower, so its stages can sit
     # between the other island's stages at the full cap
     problem, sack = _h100_a100_knapsack()
     cap = sack.bottleneck_bound_s() * 1.08
@@ -132,7 +132,7 @@ def test_cover_with_an_island_cap_keeps_that_island_below_it():
 
 
 def test_reserved_separators_are_set_aside_on_their_island_and_the_ends_are_where_asked():
-    # reserved separators (search.knapsack_plans): k small stages on island j within a lower cap,
+    # reserved separators (search/primal.py, knapsack_plans): k small stages on island j within a lower cap,
     # the rest covered within the full cap, first and last stage on the given islands
     problem, sack = _h100_a100_knapsack()
     cap = sack.bottleneck_bound_s() * 1.08

@@ -13,11 +13,13 @@ from tangram_opt.errors import SpecError
 from tangram_opt.testing.exhaustive_multi import brute_force_multi
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands
-from tangram_opt.planner.multi_pipeline.templates import (MultiPipelineOptions, SyncStage, _Pricer, assemble, cross_sync, latency_steps,
-                                       one_stage_templates, ring_factor, run_multi_pipeline, solve_level2,
-                                       split_micro_batches, sub_cluster)
+from tangram_opt.planner.multi_pipeline import (MultiPipelineOptions, SyncStage, assemble, cross_sync, latency_steps,
+                                               one_stage_templates, ring_factor, run_multi_pipeline, solve_level2,
+                                               sub_cluster)
+from tangram_opt.planner.multi_pipeline import TemplatePricer as _Pricer
+from tangram_opt.planner.multi_pipeline.level2 import split_micro_batches
 from tangram_opt.planner.plan import Plan
-from tangram_opt.planner.search import solve
+from tangram_opt.planner.search import SearchOptions, solve, solve_single_pipeline
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.export import identical_pipelines
 from tangram_opt.sim import cross_pipeline_allreduce, simulate, validate
@@ -27,6 +29,11 @@ from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_clust
 BACKENDS = available_backends()
 SMALL_SPACE = dict(zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2), tp=(1, 2))
 RMAX = 4
+SINGLE = SearchOptions(multi_pipeline=False)
+
+
+def _multi(rmax):
+    return SearchOptions(multi_pipeline_options=MultiPipelineOptions(max_pipelines=rmax))
 
 
 def tiny_cluster():
@@ -53,9 +60,10 @@ def _instance(name):
     cluster, model = make(), load_model("opt-350m")
     training = TrainingSpec(global_batch_size=16, seq_len=4096, precision="fp16")
     space = SearchSpace(max_stages=max_stages, schedule=schedule, **SMALL_SPACE)
-    single = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, multi_pipeline=False)
+    single = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, options=SINGLE)
     ctx = PlanningContext(cluster, model, training, space=space)
-    _, run = run_multi_pipeline(ctx, single, backend=BACKENDS[0], time_limit_s=60, t0=time.perf_counter(),
+    _, run = run_multi_pipeline(ctx, single, solver=solve_single_pipeline, backend=BACKENDS[0], time_limit_s=60,
+                                t0=time.perf_counter(),
                                 rel_gap=1e-9, options=MultiPipelineOptions(max_pipelines=rmax))
     best = brute_force_multi(ctx, run.templates, run.pricer, max_pipelines=rmax)
     assert best is not None and best.plans_evaluated > 1000
@@ -92,7 +100,7 @@ def test_solve_returns_the_better_structure_with_a_certificate_for_the_union(ins
     cluster, model, training, space, single, _, _, best, rmax = instance
     assert best.objective_s < single.certificate.objective_s  # on these instances several pipelines win
     plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9,
-                 multi_pipeline=MultiPipelineOptions(max_pipelines=rmax))
+                 options=_multi(rmax))
     cert = plan.certificate
     assert len(plan.pipelines) >= 2
     assert cert.objective_s <= best.objective_s * (1 + 1e-6)
@@ -112,7 +120,7 @@ def test_solve_returns_the_better_structure_with_a_certificate_for_the_union(ins
 def test_one_pipeline_when_several_never_help():
     cluster = make_cluster("one-node", [dict(name="a100", gpu="A100-40", nodes=1, gpus_per_node=8, nic_gbps=800)])
     model, training = load_model("opt-350m"), TrainingSpec(global_batch_size=32, seq_len=2048, precision="fp16")
-    alone = solve(cluster, model, training, time_limit_s=30, multi_pipeline=False)
+    alone = solve(cluster, model, training, time_limit_s=30, options=SINGLE)
     both = solve(cluster, model, training, time_limit_s=30)
     assert len(both.pipelines) == 1
     assert both.certificate.objective_s == pytest.approx(alone.certificate.objective_s, rel=1e-12)
@@ -128,7 +136,7 @@ def test_pure_data_parallelism_with_uneven_shares_on_a_mixed_cluster():
     # two-stage A100 -> V100 pipeline is the optimum here (stage boundaries cross islands through
     # every node's NIC at once), so data parallelism across islands would not be exercised
     space = SearchSpace(max_stages=1)
-    alone = solve(cluster, model, training, time_limit_s=30, multi_pipeline=False, space=space)
+    alone = solve(cluster, model, training, time_limit_s=30, options=SINGLE, space=space)
     plan = solve(cluster, model, training, time_limit_s=30, space=space)
     assert len(plan.pipelines) >= 2 and all(p.num_stages == 1 for p in plan.pipelines)
     assert plan.step_time_s < alone.step_time_s
@@ -156,7 +164,7 @@ def test_identical_replicas_of_one_template_on_a_homogeneous_cluster():
     cluster = make_cluster("two-nodes", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=8, nic_gbps=800)])
     model, training = load_model("opt-350m"), TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
     space = SearchSpace(pipeline_micro_batches=(8,))
-    alone = solve(cluster, model, training, space=space, time_limit_s=30, multi_pipeline=False)
+    alone = solve(cluster, model, training, space=space, time_limit_s=30, options=SINGLE)
     plan = solve(cluster, model, training, space=space, time_limit_s=30)
     assert len(plan.pipelines) == 2 and plan.certificate.objective_s < alone.certificate.objective_s
     a, b = plan.pipelines
@@ -214,8 +222,9 @@ def _plans_to_check():
     for cluster, model, batch, sp, precision in cases:
         training = TrainingSpec(global_batch_size=batch, seq_len=2048, precision=precision)
         ctx = PlanningContext(cluster, model, training, space=SearchSpace(**sp))
-        single = solve(cluster, model, training, space=SearchSpace(**sp), time_limit_s=20, multi_pipeline=False)
-        _, run = run_multi_pipeline(ctx, single, backend=BACKENDS[0], time_limit_s=20, t0=time.perf_counter())
+        single = solve(cluster, model, training, space=SearchSpace(**sp), time_limit_s=20, options=SINGLE)
+        _, run = run_multi_pipeline(ctx, single, solver=solve_single_pipeline, backend=BACKENDS[0], time_limit_s=20,
+                                    t0=time.perf_counter())
         pricer = run.pricer
         ones = [t for t in run.templates if t.num_stages == 1]
         deep = [t for t in run.templates if t.num_stages > 1]
@@ -298,7 +307,7 @@ def test_plan_fields_round_trip_and_show_and_export_several_pipelines(tiny):
 
     cluster, model, training, space, *_ = tiny
     plan = solve(cluster, model, training, space=space, time_limit_s=30,
-                 multi_pipeline=MultiPipelineOptions(max_pipelines=RMAX))
+                 options=_multi(RMAX))
     assert len(plan.pipelines) >= 2
     again = Plan.from_json(plan.to_json())
     assert again == plan and again.cross_sync_s > 0 and again.post_sync_s > 0
@@ -328,7 +337,7 @@ def test_timeline_picture_draws_the_cross_pipeline_phase(tiny, tmp_path):
 
     cluster, model, training, space, *_ = tiny
     plan = solve(cluster, model, training, space=space, time_limit_s=30,
-                 multi_pipeline=MultiPipelineOptions(max_pipelines=RMAX))
+                 options=_multi(RMAX))
     sim = simulate(plan, cluster, model, training)
     fig = plot_timeline(sim, save_path=tmp_path / "t.png")
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]

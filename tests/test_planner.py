@@ -18,7 +18,7 @@ from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands, islands_report
 from tangram_opt.planner.formulations.pipeline_model import pipeline_timing, schedule_makespan
 from tangram_opt.planner.plan import Plan
-from tangram_opt.planner.search import solve
+from tangram_opt.planner.search import SearchOptions, solve
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.sim import validate
 from tangram_opt.solvers import available_backends
@@ -66,12 +66,17 @@ def instance(request):
     return cluster, model, training, space, best
 
 
+def _leaves(leaves, space, **knobs):
+    """Aggregated or sequence leaves (GPipe pipelines have no windows, so neither: the search's own)."""
+    return SearchOptions(sequence_leaves=leaves == "sequence" if space.schedule == "1f1b" else None, **knobs)
+
+
 @pytest.mark.parametrize("leaves", ["aggregated", "sequence"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_solve_matches_brute_force(instance, backend, leaves):
     cluster, model, training, space, best = instance
     plan = solve(cluster, model, training, space=space, backend=backend, time_limit_s=60, rel_gap=1e-9,
-                 sequence_leaves=leaves == "sequence")
+                 options=_leaves(leaves, space))
     cert = plan.certificate
     # the certificate is valid (its bound is below every plan) and the plan is the optimum
     assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
@@ -86,8 +91,8 @@ def test_a_loose_gap_still_gives_a_valid_bound(instance, leaves):
     # nodes close at the target, the incumbent less rel_gap: what they prove is that bound, never
     # the incumbent itself (a node closed at the incumbent would claim too much)
     cluster, model, training, space, best = instance
-    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=0.3, warm_start=False,
-                 sequence_leaves=leaves == "sequence", multi_pipeline=False)
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=0.3,
+                 options=_leaves(leaves, space, warm_start=False, multi_pipeline=False))
     cert = plan.certificate
     assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
     assert cert.status == "optimal" and cert.gap <= 0.3 * (1 + 1e-9)
@@ -109,17 +114,18 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
     """Forced on a small instance, the restricted search (heuristically pruned candidates) runs
     first; its plan maps back onto the full candidate table (also from a provider that returns
     new objects on every call) and the search still proves the brute-force optimum."""
-    import tangram_opt.planner.search.branch_and_bound as search
+    from tangram_opt.planner.search import tuning
 
     cluster, model, training, space, best = instance
-    monkeypatch.setattr(search, "RESTRICTED_PRIMAL_CANDIDATES", 0)
+    monkeypatch.setattr(tuning, "RESTRICTED_PRIMAL_CANDIDATES", 0)
     provider = None
     if fresh_rows:
         base = PlanningContext(cluster, model, training, space=space)
         provider = _FreshRows(base.provider)
     messages = []
-    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, multi_pipeline=False,
-                 provider=provider, on_progress=lambda ev: messages.append(ev.message))
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9,
+                 options=SearchOptions(multi_pipeline=False), provider=provider,
+                 on_progress=lambda ev: messages.append(ev.message))
     assert any(m.startswith("restricted search") for m in messages)
     assert plan.certificate.status == "optimal"
     assert plan.certificate.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
@@ -148,7 +154,7 @@ def test_tolerance_is_the_largest_in_flight_count_that_fits():
     strictly inside the range."""
     import random
 
-    from tangram_opt.planner.formulations.aggregated import _tolerance
+    from tangram_opt.planner.formulations.stage_types import _tolerance
 
     cluster = make_cluster("tight", [dict(name="v", gpu="V100-32", nodes=1, gpus_per_node=4, nic_gbps=100),
                                      dict(name="l", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
@@ -174,7 +180,8 @@ def test_tolerance_is_the_largest_in_flight_count_that_fits():
 def test_positional_formulation_matches_brute_force(instance):
     cluster, model, training, space, _ = instance
     wide = brute_force(PlanningContext(cluster, model, training, space=space), dense_on_first_stage=False)
-    plan = solve(cluster, model, training, space=space, formulation="positional", time_limit_s=60, rel_gap=1e-9)
+    plan = solve(cluster, model, training, space=space, options=SearchOptions(formulation="positional"),
+                 time_limit_s=60, rel_gap=1e-9)
     assert plan.certificate.objective_s == pytest.approx(wide.step_time_s, rel=1e-7)
 
 
@@ -309,7 +316,7 @@ def test_bad_arguments_are_spec_errors():
               backend="gurobi")
     with pytest.raises(SpecError, match="formulation"):
         solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"),
-              formulation="magic")
+              options=SearchOptions(formulation="magic"))
     with pytest.raises(SpecError, match="training.precision"):
         solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"))
     with pytest.raises(SpecError, match="rel_gap.*0.01"):
@@ -352,7 +359,8 @@ def test_skewed_expert_loads_stretch_moe_layers_through_the_placement():
     flat = CostModel(model, training).layer(node, cfg, "moe")
     skewed = CostModel(model, training, moe_load_imbalance=skew).layer(node, cfg, "moe")
     assert skewed.fwd_time_s > flat.fwd_time_s
-    plan = solve("h100-64", model, training, time_limit_s=10, expert_loads=loads, multi_pipeline=False)
+    plan = solve("h100-64", model, training, time_limit_s=10, expert_loads=loads,
+                 options=SearchOptions(multi_pipeline=False))
     assert plan.expert_placement is not None and plan.expert_placement["method"] == "mip"
     for d in plan.expert_placement["ep_degrees"]:
         assert d["imbalance"] >= 1.0 and d["ep"] in {s.ep for s in plan.stages}
@@ -362,7 +370,9 @@ def test_primal_turns_dive_into_the_least_searched_size_near_its_best_plan():
     import heapq
     import time
 
-    from tangram_opt.planner.search.branch_and_bound import _BranchAndBound, _Node, _Sub
+    from tangram_opt.planner.search.branch_and_bound import BranchAndBound as _BranchAndBound
+    from tangram_opt.planner.search.nodes import Node as _Node
+    from tangram_opt.planner.search.nodes import SubProblem as _Sub
 
     ctx = PlanningContext(two_islands(), load_model("llama-3-8b").with_layers(4),
                           TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"))

@@ -1,4 +1,4 @@
-"""The sequence model (planner/sequence.py) is exact: its optimum over one period window and stage
+"""The sequence model (planner/formulations/stage_sequence.py) is exact: its optimum over one period window and stage
 count is the best plan there, found by exhaustive enumeration, and every such plan encodes as a
 feasible point priced no higher than its step time (formulations/pipeline_mip.md §3b)."""
 
@@ -11,14 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types
-from tangram_opt.planner.assemble import choices_timing
-from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import FormulationOptions
-from tangram_opt.planner.search.branch_and_bound import _tick_for, rounding_ticks
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+from tangram_opt.planner.formulations.problem import FormulationOptions, choices_timing
 from tangram_opt.planner.formulations.stage_sequence import SequenceMIP, position_types
+from tangram_opt.planner.formulations.stage_types import enumerate_types
+from tangram_opt.planner.formulations.ticks import rounding_ticks
+from tangram_opt.planner.formulations.ticks import tick_for as _tick_for
 from tangram_opt.planner.space import SearchSpace
+from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.solvers import SolveOptions, SolveStatus, available_backends, solve_model
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 

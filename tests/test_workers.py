@@ -6,8 +6,8 @@ from concurrent.futures import Future
 
 import pytest
 
+from tangram_opt.planner.search import SearchOptions, solve, tuning
 from tangram_opt.planner.search import branch_and_bound as search_module
-from tangram_opt.planner.search import solve
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.solvers.model import LinearModel, lsum
@@ -93,7 +93,7 @@ def _instance():
 def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkeypatch):
     cluster, model, training, space = _instance()
     alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                  sequence_leaves=leaves, multi_pipeline=False)
+                  options=SearchOptions(sequence_leaves=leaves, multi_pipeline=False))
     sent = []
     submit = SolverWorker.submit
 
@@ -103,7 +103,7 @@ def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkey
 
     monkeypatch.setattr(SolverWorker, "submit", counting)
     both = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
-                 sequence_leaves=leaves, multi_pipeline=False)
+                 options=SearchOptions(sequence_leaves=leaves, multi_pipeline=False))
     assert sent, "no leaf went to a worker"
     assert both.certificate.status == alone.certificate.status == "optimal"
     assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
@@ -113,7 +113,7 @@ def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkey
 def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     cluster, model, training, space = _instance()
     alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                  sequence_leaves=True, multi_pipeline=False)
+                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     failed = []
 
     def broken(self, model, backend, options):
@@ -133,7 +133,7 @@ def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
 
     monkeypatch.setattr(search_module.SolverPool, "solve_here", staticmethod(counting))
     plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
-                 sequence_leaves=True, multi_pipeline=False)
+                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     assert failed and sorted(here) == sorted(failed)
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
@@ -145,7 +145,7 @@ def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, 
     # does (bound < 0); the proof is the same either way, only the route to it differs
     cluster, model, training, space = _instance()
     reference = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                      sequence_leaves=True, multi_pipeline=False)
+                      options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     seen = []
     inner = search_module.solve_model
 
@@ -154,10 +154,10 @@ def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, 
             seen.append(options.heuristics)
         return inner(model, backend, options)
 
-    monkeypatch.setattr(search_module, "SEQUENCE_HEURISTICS_SLACK", slack)
+    monkeypatch.setattr(tuning, "SEQUENCE_HEURISTICS_SLACK", slack)
     monkeypatch.setattr(search_module, "solve_model", recording)
     plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                 sequence_leaves=True, multi_pipeline=False)
+                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     assert seen and set(seen) == {expected}
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)

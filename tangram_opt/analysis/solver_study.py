@@ -21,28 +21,35 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pandas as pd
 
 from tangram_opt.errors import NoSolutionError, SpecError
-from tangram_opt.planner.formulations.aggregated import AggregatedMIP, enumerate_types
-from tangram_opt.planner.formulations.knapsack_bound import knapsack_bottleneck_s
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import FormulationOptions, PositionalMIP
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+from tangram_opt.planner.formulations.bounds import fluid_bottleneck_s, quick_lower_bound
+from tangram_opt.planner.formulations.knapsack_bound import knapsack_bottleneck_s
+from tangram_opt.planner.formulations.positional import PositionalMIP
+from tangram_opt.planner.formulations.problem import FormulationOptions
+from tangram_opt.planner.formulations.stage_types import enumerate_types
+from tangram_opt.planner.formulations.ticks import tick_for
 from tangram_opt.planner.plan import Plan
-from tangram_opt.planner.search import FORMULATIONS, SearchEvent, fluid_bottleneck_s, quick_lower_bound, solve
+from tangram_opt.planner.search import FORMULATIONS, SearchEvent, SearchOptions, solve
+from tangram_opt.planner.search.api import planning_inputs
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import lp_relaxation_bound, relative_gap
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
 
-#: message of the search event emitted once every sub-problem's root LP is solved (search.py)
+#: message of the search event emitted once every sub-problem's root LP is solved (branch_and_bound.py)
 ROOT_EVENT = "root bounds"
 
 TRAJECTORY_COLUMNS = ("elapsed_s", "incumbent_s", "bound_s", "gap", "message")
+#: the keywords :func:`solve_traced` puts into ``options=SearchOptions(...)``
+_OPTION_FIELDS = frozenset(f.name for f in fields(SearchOptions))
 
 
 # --- traces of one solve ---------------------------------------------------------------------
@@ -104,11 +111,17 @@ class SolveTrace:
 
 def solve_traced(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None,
                  **solve_kwargs: Any) -> SolveTrace:
-    """Run :func:`tangram_opt.solve` with a progress recorder; every keyword goes to ``solve``.
+    """Run :func:`tangram_opt.solve` with a progress recorder; every keyword goes to ``solve``, and the
+    research knobs may be given by name too (``warm_start=False``, ``windows=False``, ...: the fields
+    of :class:`~tangram_opt.planner.search.SearchOptions`, put into ``options``).
 
     A user ``on_progress`` callback is still called. A run that found no plan in time returns a
     trace with ``plan=None`` and the error message instead of raising.
     """
+    given = dict(solve_kwargs)
+    knobs = {k: solve_kwargs.pop(k) for k in list(solve_kwargs) if k in _OPTION_FIELDS}
+    if knobs:
+        solve_kwargs["options"] = replace(solve_kwargs.get("options") or SearchOptions(), **knobs)
     events: list[SearchEvent] = []
     user_cb = solve_kwargs.pop("on_progress", None)
 
@@ -123,8 +136,8 @@ def solve_traced(cluster: Cluster | str, model: ModelSpec | str, training: Train
         plan = solve(cluster, model, training, on_progress=record, **solve_kwargs)
     except NoSolutionError as e:
         error = str(e)
-    return SolveTrace(plan=plan, events=tuple(events), wall_s=time.perf_counter() - t0, error=error,
-                      options=dict(solve_kwargs))
+    given.pop("on_progress", None)
+    return SolveTrace(plan=plan, events=tuple(events), wall_s=time.perf_counter() - t0, error=error, options=given)
 
 
 # --- trajectories ----------------------------------------------------------------------------
@@ -205,12 +218,12 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
     the LP bounds cover pipelines of two or more stages (one-stage pipelines are enumerated
     exactly by the search, outside the models).
 
-    - ``windows``: the root node of ``solve(windows=True)`` (aggregated, 1F1B): the bottleneck in
+    - ``windows``: the root node of ``SearchOptions(windows=True)`` (aggregated, 1F1B): the bottleneck in
       ``[fluid bound, cutoff / m]``, or up to the slowest stage type without a cutoff. False: the
-      window ``[0, inf)`` of ``solve(windows=False)``. The positional formulation has no windows
+      window ``[0, inf)`` of ``SearchOptions(windows=False)``. The positional formulation has no windows
       (its rows report ``windows=None``).
     - ``knapsack`` (aggregated, 1F1B): raise the window's lower end to the layer-covering knapsack
-      bound on the bottleneck (planner/bottleneck.py), as ``solve(knapsack=True)`` does.
+      bound on the bottleneck (planner/formulations/knapsack_bound.py), as ``SearchOptions(knapsack=True)`` does.
     - ``cutoff_s`` (the step time of a known plan) drops columns that cannot beat it, as the
       search does with its incumbent; None builds the full model.
     - ``mccormick_cuts`` (aggregated only; None in positional rows) is not a ``solve`` option: it
@@ -231,7 +244,7 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
             raise SpecError("formulation", cfg["formulation"], "is not a known formulation",
                             f"use one of {', '.join(FORMULATIONS)}")
         configs.append(cfg)
-    cluster, model, training = _specs(cluster, model, training)
+    cluster, model, training = planning_inputs(cluster, model, training)
     ctx = PlanningContext(cluster, model, training, space=space or SearchSpace())
     bs = ctx.pipeline_micro_batches() if pipeline_micro_batches is None else sorted(set(pipeline_micro_batches))
     out = []
@@ -261,9 +274,9 @@ def _root_model_row(prob: Any, schedule: str, cfg: Mapping[str, Any], quick_s: f
     row: dict[str, Any] = {"window_lo_s": 0.0, "window_hi_s": math.inf}
     t1 = time.perf_counter()
     cutoff = cfg["cutoff_s"]
-    ref = cutoff if cutoff is not None else quick_s * 2  # the search's time unit (search._tick_for)
+    ref = cutoff if cutoff is not None else quick_s * 2  # the search's time unit (BranchAndBound.formulation_options)
     opts = FormulationOptions(fluid_cuts=cfg["fluid_cuts"], mccormick_cuts=cfg["mccormick_cuts"], cutoff_s=cutoff,
-                              tick_s=10.0 ** math.floor(math.log10(max(ref, 1e-9) / 1e8)))
+                              tick_s=tick_for(ref))
     if cfg["formulation"] == "positional":
         mip: AggregatedMIP | PositionalMIP = PositionalMIP(prob, opts).build()
         empty = False
@@ -306,19 +319,6 @@ def _root_model_row(prob: Any, schedule: str, cfg: Mapping[str, Any], quick_s: f
         if lp is not None and math.isinf(lp):
             row["status"] = "LP infeasible (nothing in the window)"
     return row
-
-
-def _specs(cluster: Cluster | str, model: ModelSpec | str,
-           training: TrainingSpec | dict | None) -> tuple[Cluster, ModelSpec, TrainingSpec]:
-    from tangram_opt.specs import load_cluster, load_model, training_from_dict
-
-    cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    model = model if isinstance(model, ModelSpec) else load_model(model)
-    if training is None:  # the same default as solve()
-        training = TrainingSpec(global_batch_size=512, seq_len=4096)
-    elif not isinstance(training, TrainingSpec):
-        training = training_from_dict(training)
-    return cluster, model, training
 
 
 def _pct(g: float) -> str:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tangram_opt.planner.assemble import choices_timing, make_plan, pipeline_plan
+from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.candidates import Candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import StageChoice
-from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
+from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
 from tangram_opt.planner.plan import Plan
 
 

@@ -2,8 +2,8 @@
 
 This is what a heterogeneity-unaware planner does when it simply ignores the GPUs that are not of
 its favourite type: for every island alone (a sub-cluster made of just that island's node groups)
-it runs the planner (:func:`tangram_opt.planner.search.solve`, the same MIP, cost model and plan
-space, restricted to that island) and keeps the island whose plan has the shortest step.
+it runs the planner it is given (``solver``: :func:`tangram_opt.solve`, the same MIP, cost model
+and plan space, restricted to that island) and keeps the island whose plan has the shortest step.
 
 The per-island plans are carried over to the full cluster (:func:`on_full_cluster`) so their island
 names and cluster-level metrics are directly comparable with the MIP's; on the same island every
@@ -19,7 +19,7 @@ configuration on one island with the context's cost model, :func:`reprice` turns
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tangram_opt.cost import StageConfig
@@ -27,9 +27,9 @@ from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.candidates import Candidate, price_candidate
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice
 from tangram_opt.planner.islands import Island
-from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
 from tangram_opt.planner.plan import Certificate, Plan
 from tangram_opt.solvers import DEFAULT_BACKEND
 from tangram_opt.specs.cluster import Cluster
@@ -52,7 +52,6 @@ def stage_candidate(ctx: PlanningContext, island: Island, config: StageConfig,
     island (e.g. tp not dividing the heads, more GPUs than the island has).
     """
     cost = ctx.cost
-    assert cost is not None
     problems = list(cost.check_config(island.node, config))
     if config.gpus not in island.valid_stage_sizes():
         problems.append(f"tp({config.tp}) x cp({config.cp}) x dp({config.dp}) = {config.gpus} GPUs is not a "
@@ -174,7 +173,7 @@ class IslandCandidates:
         if island.node != self.island.node or island.num_nodes != self.island.num_nodes:
             raise SpecError("island", island.name, f"is not island {self.island.name!r} of {self.ctx.cluster.name}",
                             "use this provider only for the island it was made for")
-        rows = self.ctx.provider.candidates(self.island, pipeline_micro_batch)  # type: ignore[union-attr]
+        rows = self.ctx.provider.candidates(self.island, pipeline_micro_batch)
         return [replace(c, island=island.index) for c in rows]
 
 
@@ -193,27 +192,28 @@ class HomogeneousResult:
     solve_time_s: float = 0.0
 
 
-def best_homogeneous(ctx: PlanningContext, *, time_limit_s: float = 30.0, backend: str = DEFAULT_BACKEND,
-                     threads: int = 1, seed: int = 0, warm_start: bool = True) -> HomogeneousResult:
-    """Plan every island alone with :func:`solve` (``time_limit_s`` per island) and keep the best.
+def best_homogeneous(ctx: PlanningContext, *, solver: Callable[..., Plan], time_limit_s: float = 30.0,
+                     backend: str = DEFAULT_BACKEND, threads: int = 1, seed: int = 0) -> HomogeneousResult:
+    """Plan every island alone with ``solver`` (``time_limit_s`` per island) and keep the best.
 
-    The island sub-problems use ``ctx``'s search space, calibration, MoE load imbalance and candidate
-    table (:class:`IslandCandidates`), so the plan space is exactly the MIP's restricted to one island
-    and the time limit is spent solving, not re-pricing candidates; each per-island plan keeps its own
-    certificate (bound and gap for that island alone). Raises :class:`InfeasibleError` when no
-    island can hold the model on its own.
+    ``solver`` is the planner to run on each island: ``tangram_opt.solve`` (or a ``functools.partial``
+    of it with ``options=SearchOptions(...)``), called as ``solver(cluster, model, training,
+    time_limit_s=..., backend=..., threads=..., seed=..., space=..., calibration=..., profiles=...,
+    moe_load_imbalance=..., provider=...)``. The island sub-problems use ``ctx``'s search space,
+    calibration, profiles, MoE load imbalance and candidate table (:class:`IslandCandidates`), so the
+    plan space is exactly the MIP's restricted to one island and the time limit is spent solving,
+    not re-pricing candidates; each per-island plan keeps its own certificate (bound and gap for
+    that island alone). Raises :class:`InfeasibleError` when no island can hold the model on its own.
     """
-    from tangram_opt.planner.search import solve
-
     per_island: dict[str, Plan | None] = {}
     notes: dict[str, str] = {}
     total_s = 0.0
     for isl in ctx.islands:
         sub = island_cluster(ctx.cluster, isl)
         try:
-            p = solve(sub, ctx.model, ctx.training, time_limit_s=time_limit_s, backend=backend, threads=threads,
-                      seed=seed, space=ctx.space, warm_start=warm_start, calibration=ctx.calibration,
-                      moe_load_imbalance=ctx.moe_load_imbalance, provider=IslandCandidates(ctx, isl))
+            p = solver(sub, ctx.model, ctx.training, time_limit_s=time_limit_s, backend=backend, threads=threads,
+                       seed=seed, space=ctx.space, calibration=ctx.calibration, profiles=ctx.profiles,
+                       moe_load_imbalance=ctx.moe_load_imbalance, provider=IslandCandidates(ctx, isl))
         except (InfeasibleError, NoSolutionError) as e:
             per_island[isl.name] = None
             notes[isl.name] = f"{type(e).__name__}: {str(e).splitlines()[0]}"

@@ -28,11 +28,12 @@ from tangram_opt.baselines.homogeneous import StageLayout, layout_fits, reprice
 from tangram_opt.cost import StageConfig
 from tangram_opt.errors import InfeasibleError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
-from tangram_opt.planner.candidates import Candidate
+from tangram_opt.planner.candidates import Candidate, boundary_time_s
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import StageChoice
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
+from tangram_opt.planner.formulations.pipeline_model import pipeline_timing
+from tangram_opt.planner.formulations.problem import StageChoice
 from tangram_opt.planner.islands import Island
-from tangram_opt.planner.formulations.pipeline_model import boundary_time_s, inflight_micro_batches, pipeline_timing
 from tangram_opt.planner.plan import Plan
 from tangram_opt.specs.cluster import Cluster, NodeGroup
 from tangram_opt.specs.hardware import GPUType
@@ -175,7 +176,7 @@ def _real_layout(ctx: PlanningContext, cfg: StageConfig, g: int, P: int, layers:
     isls = _pack(ctx.islands, g, P)
     if isls is None:
         return None
-    if any(ctx.cost.check_config(isl.node, cfg) for isl in set(isls)):  # type: ignore[union-attr]
+    if any(ctx.cost.check_config(isl.node, cfg) for isl in set(isls)):
         return None
     layout = [StageLayout(island=isl, config=cfg, layers=lay) for isl, lay in zip(isls, layers)]
     return None if layout_fits(ctx, layout, b) else layout

@@ -5,15 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
-from tangram_opt.planner.formulations.pipeline_model import PipelineTiming, exact_step_time, pipeline_timing
+from tangram_opt.planner.formulations.pipeline_model import exact_step_time
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing
 from tangram_opt.planner.plan import Certificate, PipelinePlan, Plan, StagePlan
-
-
-def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
-    cands = problem.candidates
-    return pipeline_timing([(cands[c.candidate], c.layers) for c in choices], problem.boundaries_s(choices),
-                           problem.num_micro_batches, problem.schedule)
 
 
 def pipeline_plan(ctx: PlanningContext, problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelinePlan:
@@ -50,6 +44,6 @@ def make_plan(ctx: PlanningContext, pipelines: Sequence[PipelinePlan], *, method
     return Plan(cluster=ctx.cluster.name, model=ctx.model.name, method=method, global_batch_size=t.global_batch_size,
                 seq_len=t.seq_len, precision=t.precision, pipelines=tuple(pipelines),
                 step_time_s=step_time_s if step_time_s is not None else max(p.step_time_s for p in pipelines),
-                model_flops_per_step=ctx.cost.model_flops_per_step(),  # type: ignore[union-attr]
+                model_flops_per_step=ctx.cost.model_flops_per_step(),
                 used_peak_flops_per_s=used_peak, cluster_peak_flops_per_s=ctx.cluster.peak_flops_per_s(t.precision),
                 island_gpus={i.name: i.num_gpus for i in ctx.islands}, certificate=certificate)

@@ -13,7 +13,6 @@ def diagnose_infeasible(ctx: PlanningContext) -> InfeasibleError:
     configuration the search space allows (max tp within a node, ZeRO-3 over the whole island,
     full recomputation, the smallest micro-batch), compared with usable memory."""
     cost = ctx.cost
-    assert cost is not None
     sp = ctx.space
     lines, closest = [], {}
     best_ratio = float("inf")

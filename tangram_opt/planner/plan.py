@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +118,34 @@ class PipelinePlan:
         return max(0.0, 1.0 - busy / self.step_time_s)
 
 
+class CertificateStatus(str, Enum):
+    """What a certificate proves. A member compares equal to its value and prints as it, which is
+    what plan files store (so ``cert.status == "optimal"`` holds)."""
+
+    OPTIMAL = "optimal"
+    """The gap is within the requested relative gap: no plan of the space is better by more."""
+    FEASIBLE = "feasible"
+    """A real plan and a valid bound, but the search stopped (time limit) above the requested gap."""
+    HEURISTIC = "heuristic"
+    """A plan without a bound (``bound_s`` and ``gap`` are None)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Certificate:
     """How good the plan provably is, and within which plan space.
 
     ``bound_s`` is a lower bound on the step time of every plan in ``plan_space`` (under the cost
-    model); ``gap = (objective_s - bound_s) / objective_s``. ``status`` is "optimal" (gap within
-    tolerance), "feasible" (time limit, gap reported) or "heuristic" (no bound was computed).
+    model); ``gap = (objective_s - bound_s) / objective_s``. ``status`` is a :class:`CertificateStatus`
+    (a string given here is read as one).
     """
 
-    status: str
+    status: CertificateStatus
     backend: str
     objective_s: float
     bound_s: float | None
@@ -136,6 +155,14 @@ class Certificate:
     subproblems: tuple[dict[str, Any], ...] = ()
     trajectory: tuple[tuple[float, float | None, float | None], ...] = ()
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, CertificateStatus):
+            try:
+                object.__setattr__(self, "status", CertificateStatus(self.status))
+            except ValueError:
+                raise SpecError("certificate.status", self.status, "is not a certificate status",
+                                f"use one of {', '.join(s.value for s in CertificateStatus)}") from None
 
     def describe(self) -> str:
         if self.gap is None:

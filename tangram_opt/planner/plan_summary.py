@@ -4,6 +4,9 @@
 column name (``memory_bytes``, ``stage_time_s``). ``summary_text(plan)`` renders the headline
 figures, the certificate and one table per pipeline as plain text; ``print_summary`` writes the same
 to a terminal with colour.
+
+They live beside the plan because ``Plan.summary()`` and ``Plan.to_dataframe()`` render them (a plan
+layer must not import the presentation layer above it); ``tangram_opt.show`` re-exports them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This is the simulator's own pricing of the cross-pipeline synchronization (docs/multi_pipeline.md,
 "Cross-pipeline gradient synchronization"). It reads only the plan's stage layout (islands,
 configurations, layer ranges), the cost model and the cluster's links; it shares no code with the
-planner's multi-pipeline level (tangram_opt/planner/multi.py), which prices the same model from
+planner's multi-pipeline level (tangram_opt/planner/multi_pipeline/), which prices the same model from
 its candidate tables. A test checks that the two agree.
 
 Model. Every piece of the model (each transformer block, the embedding, the LM head) sits on one

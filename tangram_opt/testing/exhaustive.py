@@ -13,10 +13,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tangram_opt.planner.assemble import choices_timing
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.positional import PipelineProblem, StageChoice
-from tangram_opt.planner.formulations.pipeline_model import inflight_micro_batches
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Exhaustive enumeration of the multi-pipeline template space, for tiny instances.
 
-The tests use it to check the level-2 MIP (tangram_opt/planner/multi.py): over the same declared
+The tests use it to check the level-2 MIP (tangram_opt/planner/multi_pipeline/level2.py): over the same declared
 template set, every multiset of 2..R_max (template, micro-batch count) pairs whose shares sum to the
 global batch and whose GPUs fit every island is priced with the exact model objective
-(``max CF' + cross-pipeline all-reduce + optimizer``, the same terms as :meth:`multi._Pricer.objective`,
+(``max CF' + cross-pipeline all-reduce + optimizer``, the same terms as :meth:`~tangram_opt.planner.multi_pipeline.TemplatePricer.objective`,
 no lower-bound rounding), and the best one is returned. No pruning by bounds: only the batch and GPU budgets cut
 the enumeration.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.multi_pipeline.templates import Template, _Pricer
+from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class BruteMultiResult:
     plans_evaluated: int
 
 
-def brute_force_multi(ctx: PlanningContext, templates: Sequence[Template], pricer: _Pricer, *,
+def brute_force_multi(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *,
                       max_pipelines: int) -> BruteMultiResult | None:
     """Best plan of 2..``max_pipelines`` pipelines drawn from ``templates`` (None if none exists)."""
     B = ctx.training.global_batch_size

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tangram_opt.planner.formulations.aggregated import ROLES, StageType, stage_type
-from tangram_opt.planner.formulations.positional import PipelineProblem
+from tangram_opt.planner.formulations.problem import PipelineProblem
+from tangram_opt.planner.formulations.stage_types import ROLES, StageType, stage_type
 
 _INF = np.iinfo(np.int64).max // 4
 

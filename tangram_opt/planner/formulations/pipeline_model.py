@@ -33,35 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tangram_opt.planner.candidates import Candidate
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BoundaryLink:
-    """The numbers of the pipeline path from one island to another (from
-    :class:`~tangram_opt.cost.comm.PipelineLink`, priced for one pipeline micro-batch size).
-
-    - ``latency_s``: one message's latency;
-    - ``shared_s``: seconds the whole micro-batch needs on a link both sides share (the zone link
-      between two zones; 0 inside a zone);
-    - ``scale_up``: both stages sit in one node, so each side sends at its candidate's
-      ``p2p_scale_up_s`` instead of ``p2p_nic_s``.
-    """
-
-    latency_s: float
-    shared_s: float = 0.0
-    scale_up: bool = False
-
-    def side_s(self, cand: Candidate) -> float:
-        """How long ``cand``'s GPUs need to move their shares of a micro-batch over this path."""
-        return cand.p2p_scale_up_s if self.scale_up else cand.p2p_nic_s
-
-
-def boundary_time_s(link: BoundaryLink, src: Candidate, dst: Candidate) -> float:
-    """Seconds to send one micro-batch's activations (or their gradients) from a stage of ``src`` to
-    the next stage, of ``dst``: the latency plus the slowest of the sending side, the receiving
-    side and the shared link (docs/cost_model.md §3.3)."""
-    return link.latency_s + max(link.side_s(src), link.side_s(dst), link.shared_s)
+from tangram_opt.planner.candidates.table import Candidate
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,13 +59,6 @@ class PipelineTiming:
     tail_excess_s: float
     step_time_s: float
     bottleneck_s: float
-
-
-def inflight_micro_batches(position: int, num_stages: int, m: int, schedule: str) -> int:
-    """Micro-batches whose activations stage ``position`` (0 = first) holds at its peak."""
-    if schedule == "gpipe":
-        return m
-    return min(num_stages - position, m)
 
 
 def stage_timing(cand: Candidate, layers: dict[str, int], *, first: bool, last: bool, inflight: int,
@@ -220,3 +186,7 @@ def exact_step_time(timing: PipelineTiming, m: int, schedule: str = "1f1b") -> f
     ends = schedule_makespan([t.fwd_s for t in timing.stages], [t.bwd_s for t in timing.stages],
                              [t.p2p_s for t in timing.stages[:-1]], m, schedule)
     return max(e + t.tail_s for e, t in zip(ends, timing.stages))
+
+
+__all__ = ["PipelineTiming", "StageTiming", "exact_step_time", "op_order", "pipeline_timing", "schedule_makespan",
+           "stage_timing"]

@@ -7,13 +7,13 @@ instances.
 
 Positions are counted from the end of the pipeline: ``r = 0`` is the last stage (it holds the LM
 head), ``r = 1`` the one before, and so on, up to ``r = R - 1`` (``R = max_stages``). A stage at
-position ``r`` keeps ``min(r + 1, m)`` micro-batches in flight under 1F1B, so counting from the end
+position ``r`` keeps ``min(r + 1, m)`` micro-batches in flight under 1F1B (inflight.py), so counting from the end
 makes every coefficient independent of the pipeline depth: one MIP covers every depth
 ``P = 1..R`` (active positions are ``0..P-1``, contiguous) and the bubble is priced by the
 objective itself.
 
 All time coefficients are integers in ``tick_s`` units, rounded so the MIP optimum is a valid lower
-bound of the exact objective (see :func:`_floor` / :func:`_ceil` use below); memory is in MiB,
+bound of the exact objective (ticks.py: ``fl`` / ``ce`` below); memory is in MiB,
 rounded conservatively, so every MIP solution fits in real memory. The model is therefore
 all-integer and every backend, CP-SAT included, solves exactly the same problem.
 
@@ -27,106 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tangram_opt import units as u
-from tangram_opt.planner.candidates import Candidate
-from tangram_opt.planner.formulations.pipeline_model import BoundaryLink, boundary_time_s
+from tangram_opt.planner.formulations.inflight import inflight_from_end
+from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.ticks import rounders
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
 MEM_UNIT_BYTES = u.MiB
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PipelineProblem:
-    """Everything the formulation sees: numbers only (no cost model).
-
-    A stage boundary's p2p time depends on both stages' candidates and on the path between their
-    islands (:func:`~tangram_opt.planner.formulations.pipeline_model.boundary_time_s`): ``boundary_s`` gives it
-    exactly; the models bound it linearly with the per-candidate side times and the island-pair
-    tables ``link_lo_s`` / ``link_hi_s`` (the fastest / slowest boundary any two candidates of
-    the two islands can have, formulations/pipeline_mip.md §1).
-    """
-
-    candidates: Sequence[Candidate]
-    kinds: tuple[str, ...]  # layer kinds in model order (dense first)
-    layers: dict[str, int]  # kind -> number of layers
-    island_gpus: dict[int, int]  # island index -> GPUs available
-    links: dict[tuple[int, int], BoundaryLink]  # (src island, dst island) -> path of the p2p traffic
-    num_micro_batches: int  # m
-    pipeline_micro_batch: int  # b
-    max_stages: int
-    min_stages: int = 1
-    schedule: str = "1f1b"
-    link_lo_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
-    link_hi_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
-    #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
-    _path_kinds: dict[int, tuple[bool, ...]] = field(init=False, repr=False, compare=False)
-    _latency_lo: dict[int, float] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        lo_side: dict[tuple[int, bool], float] = {}
-        hi_side: dict[tuple[int, bool], float] = {}
-        for c in self.candidates:
-            for scale_up, t in ((False, c.p2p_nic_s), (True, c.p2p_scale_up_s)):
-                key = (c.island, scale_up)
-                lo_side[key] = min(t, lo_side.get(key, math.inf))
-                hi_side[key] = max(t, hi_side.get(key, 0.0))
-        lo, hi = {}, {}
-        for (i, j), lk in self.links.items():
-            k_i, k_j = (i, lk.scale_up), (j, lk.scale_up)
-            lo[i, j] = lk.latency_s + max(lo_side.get(k_i, 0.0), lo_side.get(k_j, 0.0), lk.shared_s)
-            hi[i, j] = lk.latency_s + max(hi_side.get(k_i, 0.0), hi_side.get(k_j, 0.0), lk.shared_s)
-        object.__setattr__(self, "link_lo_s", lo)
-        object.__setattr__(self, "link_hi_s", hi)
-        kinds: dict[int, set[bool]] = {}
-        lat: dict[int, float] = {}
-        for (i, j), lk in self.links.items():
-            for end in (i, j):
-                kinds.setdefault(end, set()).add(lk.scale_up)
-                lat[end] = min(lk.latency_s, lat.get(end, math.inf))
-        object.__setattr__(self, "_path_kinds", {i: tuple(sorted(k)) for i, k in kinds.items()})
-        object.__setattr__(self, "_latency_lo", lat)
-
-    @property
-    def total_layers(self) -> int:
-        return sum(self.layers.values())
-
-    def boundary_s(self, src: Candidate, dst: Candidate) -> float:
-        """Exact p2p time from a stage of candidate ``src`` to the next, of candidate ``dst``."""
-        return boundary_time_s(self.links[src.island, dst.island], src, dst)
-
-    def boundaries_s(self, stages: Sequence[StageChoice]) -> list[float]:
-        """Exact p2p time of every boundary of ``stages`` (pipeline order)."""
-        cands = self.candidates
-        return [self.boundary_s(cands[a.candidate], cands[b.candidate]) for a, b in zip(stages, stages[1:])]
-
-    def side_bounds_s(self, cand: Candidate) -> tuple[float, float]:
-        """(smallest, largest) side time ``cand`` can have on any path from or to its island."""
-        sides = [cand.p2p_scale_up_s if up else cand.p2p_nic_s for up in self._path_kinds.get(cand.island, ())]
-        return min(sides, default=0.0), max(sides, default=0.0)
-
-    def latency_lo_s(self, island: int) -> float:
-        """The smallest latency of any path from or to ``island``."""
-        return self._latency_lo.get(island, 0.0)
-
-
-@dataclass(slots=True, kw_only=True)
-class StageChoice:
-    """A decoded stage: candidate index and layers per kind."""
-
-    candidate: int
-    layers: dict[str, int]
-
-
-@dataclass(slots=True)
-class FormulationOptions:
-    fluid_cuts: bool = True  # sum g*t*w <= N_i * Tmax per island (valid; tightens the LP)
-    mccormick_cuts: bool = True  # aggregated model: per-candidate McCormick cut on Tmax * stages
-    cutoff_s: float | None = None  # objective of a known plan: prunes layer caps
-    tick_s: float = 1e-6
-    #: aggregated model: the rows that price more of the stage order than pairs of neighbours
-    #: (medium runs; the successors and out-links of tail windows). They only tighten bounds, and
-    #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
-    #: without them
-    order_rows: bool = True
 
 
 @dataclass(slots=True)
@@ -151,14 +57,13 @@ class PositionalMIP:
         m, R, tick = p.num_micro_batches, p.max_stages, o.tick_s
         cands = p.candidates
         kinds = p.kinds
-        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731  lower-bound rounding
-        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731  upper-bound rounding
+        fl, ce = rounders(tick)  # lower- and upper-bound rounding to ticks (ticks.py)
         gpipe = p.schedule == "gpipe"
 
         # an upper bound on any stage time of an improving plan (objective >= m * Tmax)
         tmax_cap = o.cutoff_s / m if o.cutoff_s else math.inf
         for r in range(R):
-            inflight = m if gpipe else min(r + 1, m)
+            inflight = inflight_from_end(r, m, p.schedule)
             last = r == 0
             for ci, c in enumerate(cands):
                 caps = {}
@@ -209,7 +114,7 @@ class PositionalMIP:
         # memory (MiB, conservative rounding): layers + embedding on the first stage + fixed terms
         for (r, ci), xv in self.x.items():
             c = cands[ci]
-            inflight = m if gpipe else min(r + 1, m)
+            inflight = inflight_from_end(r, m, p.schedule)
             last = r == 0
             free_units = math.floor((c.capacity_bytes - c.fixed_bytes(inflight, first=False, last=last))
                                     / MEM_UNIT_BYTES)
@@ -430,3 +335,6 @@ def _part(lc, part: str) -> float:  # type: ignore[no-untyped-def]
     if part == "bwd":
         return lc.bwd_time_s
     return lc.step_tail_time_s
+
+
+__all__ = ["MEM_UNIT_BYTES", "PositionalMIP"]

@@ -23,7 +23,7 @@ term of the closed form of pipeline_model.py is linear and exact:
 It is solved inside narrow period windows ``[lo, hi]`` of the search, where only a few hundred
 types survive the window and reduced-cost fixing, one model per stage count. Coefficients are
 integer ticks rounded in the bound's favour, as in the aggregated model, so the model's optimum
-is a valid lower bound (up to ``search.rounding_ticks``) and every backend, CP-SAT included,
+is a valid lower bound (up to ``ticks.rounding_ticks``) and every backend, CP-SAT included,
 solves the same problem.
 """
 
@@ -33,9 +33,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tangram_opt.planner.formulations.aggregated import StageType
-from tangram_opt.planner.candidates import sends_no_slower
-from tangram_opt.planner.formulations.positional import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.candidates.table import sends_no_slower
+from tangram_opt.planner.formulations.inflight import inflight_micro_batches
+from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.stage_types import StageType
+from tangram_opt.planner.formulations.ticks import rounders
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
 
@@ -109,9 +111,8 @@ class SequenceMIP:
         p, o, P = self.problem, self.options, self.stages
         assert p.schedule == "1f1b" and P >= 2, "sequence models are for 1F1B pipelines of two or more stages"
         m, tick = p.num_micro_batches, o.tick_s
-        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731  lower-bound rounding
-        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731  upper-bound rounding
-        self.at = [position_types(p, self.types.get(role_at(k, P), []), min(P - k, m), self.upper_s)
+        fl, ce = rounders(tick)  # lower- and upper-bound rounding to ticks (ticks.py)
+        self.at = [position_types(p, self.types.get(role_at(k, P), []), inflight_micro_batches(k, P, m), self.upper_s)
                    for k in range(P)]
         if self.empty:
             return self
@@ -283,8 +284,7 @@ class SequenceMIP:
             return None
         p, tick = self.problem, self.options.tick_s
         m, cands, kinds = p.num_micro_batches, p.candidates, p.kinds
-        fl = lambda t: math.floor(t / tick + 1e-9)  # noqa: E731
-        ce = lambda t: math.ceil(t / tick - 1e-9)  # noqa: E731
+        fl, ce = rounders(tick)
         vals: dict[Var, float] = {v: 0.0 for v in self.model.vars}
         chosen: list[StageType] = []
         for k, st in enumerate(stages):

@@ -1,8 +1,17 @@
-"""The search: ``solve`` and the branch and bound behind it."""
+"""The search: ``solve`` and the branch and bound behind it.
 
-from tangram_opt.planner.search.branch_and_bound import (FORMULATIONS, MULTI_PIPELINE_SINGLE_SHARE, SearchEvent,
-                                                         fluid_bottleneck_s, quick_lower_bound, rounding_ticks,
-                                                         solve)
+- :mod:`.api`: :func:`solve` (inputs, checks, context, the two levels) and its input helpers;
+- :mod:`.options`: :class:`SearchOptions`, the research knobs, validated;
+- :mod:`.tuning`: the search's constants, each with its reason;
+- :mod:`.nodes`: what the tree holds (sub-problems, nodes, leaves in flight, progress events);
+- :mod:`.branch_and_bound`: :class:`BranchAndBound`, the tree: roots, window bounds, splits, node
+  selection, worker processes and the certificate;
+- :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
+- :mod:`.primal`: primal heuristics (restricted search, knapsack covers).
+"""
 
-__all__ = ["FORMULATIONS", "MULTI_PIPELINE_SINGLE_SHARE", "SearchEvent", "fluid_bottleneck_s", "quick_lower_bound",
-           "rounding_ticks", "solve"]
+from tangram_opt.planner.search.api import solve, solve_single_pipeline
+from tangram_opt.planner.search.nodes import SearchEvent
+from tangram_opt.planner.search.options import FORMULATIONS, SearchOptions
+
+__all__ = ["FORMULATIONS", "SearchEvent", "SearchOptions", "solve", "solve_single_pipeline"]

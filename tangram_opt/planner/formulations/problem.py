@@ -1,0 +1,126 @@
+"""What every pipeline formulation reads and returns: numbers only, never the cost model.
+
+- :class:`PipelineProblem`: one sub-problem (one pipeline micro-batch size ``b``, so a fixed number
+  of micro-batches ``m``): the candidate rows, the layers to place, the GPUs per island and the p2p
+  paths between islands;
+- :class:`StageChoice`: a decoded stage (candidate index, layers per kind), what every model's
+  ``decode`` returns and every ``hint_from`` reads;
+- :class:`FormulationOptions`: how a model is built (cut families, cutoff, time unit);
+- :func:`choices_timing`: the closed form (pipeline_model.py) of a list of stage choices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tangram_opt.planner.candidates.table import BoundaryLink, Candidate, boundary_time_s
+from tangram_opt.planner.formulations.pipeline_model import PipelineTiming, pipeline_timing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineProblem:
+    """Everything the formulation sees: numbers only (no cost model).
+
+    A stage boundary's p2p time depends on both stages' candidates and on the path between their
+    islands (:func:`~tangram_opt.planner.candidates.table.boundary_time_s`): ``boundary_s`` gives it
+    exactly; the models bound it linearly with the per-candidate side times and the island-pair
+    tables ``link_lo_s`` / ``link_hi_s`` (the fastest / slowest boundary any two candidates of
+    the two islands can have, formulations/pipeline_mip.md §1).
+    """
+
+    candidates: Sequence[Candidate]
+    kinds: tuple[str, ...]  # layer kinds in model order (dense first)
+    layers: dict[str, int]  # kind -> number of layers
+    island_gpus: dict[int, int]  # island index -> GPUs available
+    links: dict[tuple[int, int], BoundaryLink]  # (src island, dst island) -> path of the p2p traffic
+    num_micro_batches: int  # m
+    pipeline_micro_batch: int  # b
+    max_stages: int
+    min_stages: int = 1
+    schedule: str = "1f1b"
+    link_lo_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    link_hi_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
+    _path_kinds: dict[int, tuple[bool, ...]] = field(init=False, repr=False, compare=False)
+    _latency_lo: dict[int, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lo_side: dict[tuple[int, bool], float] = {}
+        hi_side: dict[tuple[int, bool], float] = {}
+        for c in self.candidates:
+            for scale_up, t in ((False, c.p2p_nic_s), (True, c.p2p_scale_up_s)):
+                key = (c.island, scale_up)
+                lo_side[key] = min(t, lo_side.get(key, math.inf))
+                hi_side[key] = max(t, hi_side.get(key, 0.0))
+        lo, hi = {}, {}
+        for (i, j), lk in self.links.items():
+            k_i, k_j = (i, lk.scale_up), (j, lk.scale_up)
+            lo[i, j] = lk.latency_s + max(lo_side.get(k_i, 0.0), lo_side.get(k_j, 0.0), lk.shared_s)
+            hi[i, j] = lk.latency_s + max(hi_side.get(k_i, 0.0), hi_side.get(k_j, 0.0), lk.shared_s)
+        object.__setattr__(self, "link_lo_s", lo)
+        object.__setattr__(self, "link_hi_s", hi)
+        kinds: dict[int, set[bool]] = {}
+        lat: dict[int, float] = {}
+        for (i, j), lk in self.links.items():
+            for end in (i, j):
+                kinds.setdefault(end, set()).add(lk.scale_up)
+                lat[end] = min(lk.latency_s, lat.get(end, math.inf))
+        object.__setattr__(self, "_path_kinds", {i: tuple(sorted(k)) for i, k in kinds.items()})
+        object.__setattr__(self, "_latency_lo", lat)
+
+    @property
+    def total_layers(self) -> int:
+        return sum(self.layers.values())
+
+    def boundary_s(self, src: Candidate, dst: Candidate) -> float:
+        """Exact p2p time from a stage of candidate ``src`` to the next, of candidate ``dst``."""
+        return boundary_time_s(self.links[src.island, dst.island], src, dst)
+
+    def boundaries_s(self, stages: Sequence[StageChoice]) -> list[float]:
+        """Exact p2p time of every boundary of ``stages`` (pipeline order)."""
+        cands = self.candidates
+        return [self.boundary_s(cands[a.candidate], cands[b.candidate]) for a, b in zip(stages, stages[1:])]
+
+    def side_bounds_s(self, cand: Candidate) -> tuple[float, float]:
+        """(smallest, largest) side time ``cand`` can have on any path from or to its island."""
+        sides = [cand.p2p_scale_up_s if up else cand.p2p_nic_s for up in self._path_kinds.get(cand.island, ())]
+        return min(sides, default=0.0), max(sides, default=0.0)
+
+    def latency_lo_s(self, island: int) -> float:
+        """The smallest latency of any path from or to ``island``."""
+        return self._latency_lo.get(island, 0.0)
+
+
+@dataclass(slots=True, kw_only=True)
+class StageChoice:
+    """A decoded stage: candidate index and layers per kind."""
+
+    candidate: int
+    layers: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FormulationOptions:
+    """How a pipeline model is built: valid cut families, the cutoff, the time unit."""
+
+    fluid_cuts: bool = True  # sum g*t*w <= N_i * Tmax per island (valid; tightens the LP)
+    mccormick_cuts: bool = True  # aggregated model: per-candidate McCormick cut on Tmax * stages
+    cutoff_s: float | None = None  # objective of a known plan: prunes layer caps
+    tick_s: float = 1e-6
+    #: aggregated model: the rows that price more of the stage order than pairs of neighbours
+    #: (medium runs; the successors and out-links of tail windows). They only tighten bounds, and
+    #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
+    #: without them
+    order_rows: bool = True
+
+
+def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
+    """The closed form of the pipeline ``choices`` (pipeline order) with its exact boundaries."""
+    cands = problem.candidates
+    return pipeline_timing([(cands[c.candidate], c.layers) for c in choices], problem.boundaries_s(choices),
+                           problem.num_micro_batches, problem.schedule)
+
+
+__all__ = ["FormulationOptions", "PipelineProblem", "StageChoice", "choices_timing"]

@@ -1,0 +1,431 @@
+"""Level 2 of the multi-pipeline search: how many replicas of each template, with how many micro-batches.
+
+An all-integer MIP (formulations/multi_pipeline.md) over (template, micro-batch count) pairs:
+the shares sum to the global batch, the replicas fit every island's GPUs, and the objective is the
+slowest pipeline's closed form plus the cross-pipeline all-reduce (bounded below by its ring
+factor, latency and zone-link terms, :class:`_ZoneBounds`) plus the slowest optimizer update. Times
+are integer ticks (ticks.py, ``LEVEL2_TICKS``) rounded so that the optimum is a valid lower bound;
+every answer is re-priced exactly (:meth:`TemplatePricer.objective`). A greedy plan
+(:func:`greedy_level2`) warm-starts it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulations.ticks import LEVEL2_TICKS, rounders, tick_for
+from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_factor
+from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
+from tangram_opt.solvers import LinearModel, SolveOptions, SolveStatus, lp_relaxation_bound, lsum, relative_gap, solve_model
+
+
+@dataclass(slots=True)
+class Level2Result:
+    """What the level-2 search found over the template space with 2..R_max pipelines."""
+
+    status: str  # "optimal", "feasible", "nothing better than the cutoff", "no solution", "not run"
+    pipes: list[tuple[Template, int]] | None
+    objective_s: float | None  # exact model objective of ``pipes``
+    bound_s: float  # valid lower bound over the template space (R >= 2), capped by the cutoff
+    pairs: int = 0
+    templates: int = 0
+    solve_time_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+#: "optimal" means a gap within the solver's tolerance or this resolution (three level-2 ticks; the
+#: level-2 MIP counts time in ticks of about cutoff / LEVEL2_TICKS, ticks.py)
+OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
+
+
+def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> float:
+    """Most sequences per second any set of replicas can sustain (LP over fractional replica counts).
+
+    A replica of t with m micro-batches needs ``CF'(m) >= m * min_period`` seconds, so it runs at
+    most ``b / min_period`` sequences per second; GPUs per island bound the replicas.
+    """
+    md = LinearModel(name="fluid")
+    x = [md.add_var(f"x{t.index}", 0.0, math.inf) for t in templates]
+    for isl in ctx.islands:
+        terms = [t.gpus[isl.index] * v for t, v in zip(templates, x) if t.gpus.get(isl.index)]
+        if terms:
+            md.add(lsum(terms) <= isl.num_gpus, f"gpus[{isl.index}]")
+    md.minimize(lsum(-(t.b / max(t.min_period_s, 1e-12)) * v for t, v in zip(templates, x)))
+    lp = lp_relaxation_bound(md, 10.0)
+    if lp is not None and math.isfinite(lp):
+        return -lp * (1 + 1e-7)
+    # no LP solver: every GPU at the best per-GPU rate of any template touching its island
+    best = {i.index: 0.0 for i in ctx.islands}
+    for t in templates:
+        rate = t.b / max(t.min_period_s, 1e-12) / t.total_gpus
+        for i in t.gpus:
+            best[i] = max(best[i], rate)
+    return sum(best[i.index] * i.num_gpus for i in ctx.islands)
+
+
+def split_micro_batches(pricer: TemplatePricer, replicas: Sequence[Template], batch: int) -> list[int] | None:
+    """Micro-batch counts for ``replicas`` (one each) summing exactly to ``batch`` sequences with the
+    smallest slowest CF' (bisection on the step, a subset-sum DP over the batch for each trial)."""
+    if not replicas:
+        return None
+    caps = [min(t.m_cap, batch // t.b) for t in replicas]
+    if any(c < 1 for c in caps):
+        return None
+    levels = sorted({pricer.cf(t, m) for t, c in zip(replicas, caps) for m in range(1, c + 1)})
+
+    def reach(limit: float) -> list[int] | None:
+        tops = []
+        for t, c in zip(replicas, caps):
+            top = 0
+            while top < c and pricer.cf(t, top + 1) <= limit:
+                top += 1
+            if top < 1:
+                return None
+            tops.append(top)
+        mask = (1 << (batch + 1)) - 1
+        layers = [1]
+        for t, top in zip(replicas, tops):
+            cur, nxt = layers[-1], 0
+            for m in range(1, top + 1):
+                nxt |= cur << (t.b * m)
+            layers.append(nxt & mask)
+        if not (layers[-1] >> batch) & 1:
+            return None
+        ms, left = [], batch
+        for i in range(len(replicas) - 1, -1, -1):
+            t = replicas[i]
+            m = next(m for m in range(tops[i], 0, -1) if left - t.b * m >= 0 and (layers[i] >> (left - t.b * m)) & 1)
+            ms.append(m)
+            left -= t.b * m
+        return ms[::-1]
+
+    lo, hi = 0, len(levels) - 1
+    if reach(levels[hi]) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reach(levels[mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return reach(levels[lo])
+
+
+#: templates per island the greedy warm start combines (the fastest by replicas x steady rate)
+GREEDY_CHOICES = 6
+
+
+def greedy_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer,
+                  max_pipelines: int) -> tuple[float, list[tuple[Template, int]]] | None:
+    """A quick multi-pipeline plan (the level-2 MIP's warm start): per island, replicas of one of its
+    fastest templates filling the island; micro-batches split by :func:`split_micro_batches`."""
+    B = ctx.training.global_batch_size
+    rate = {t.index: t.b / max(t.min_period_s, 1e-12) for t in templates}
+    per_island: list[list[tuple[float, Template, int]]] = []
+    for isl in ctx.islands:
+        opts = []
+        for t in templates:
+            if set(t.gpus) == {isl.index}:
+                k = min(max_pipelines, isl.num_gpus // t.gpus[isl.index])
+                if k >= 1:
+                    opts.append((k * rate[t.index], t, k))
+        opts.sort(key=lambda q: -q[0])
+        if opts:
+            per_island.append(opts[:GREEDY_CHOICES])
+    best: tuple[float, list[tuple[Template, int]]] | None = None
+    trials: list[list[Template]] = []
+    for combo in itertools.islice(itertools.product(*per_island), 64):
+        reps: list[tuple[float, Template]] = []
+        for _, t, k in combo:
+            reps += [(rate[t.index], t)] * k
+        reps.sort(key=lambda q: -q[0])
+        for r in range(min(max_pipelines, len(reps)), 1, -1):
+            trials.append([t for _, t in reps[:r]])
+    for reps_t in trials:
+        ms = split_micro_batches(pricer, reps_t, B)
+        if ms is None:
+            continue
+        pipes = list(zip(reps_t, ms))
+        obj = pricer.objective(pipes)
+        if best is None or obj < best[0]:
+            best = (obj, pipes)
+    return best
+
+
+def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
+                 max_pipelines: int, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
+                 rel_gap: float = 1e-4) -> Level2Result:
+    """Choose replica counts of (template, micro-batch count) pairs; see formulations/multi_pipeline.md.
+
+    Only plans with 2..``max_pipelines`` pipelines and objective below ``cutoff_s`` are searched
+    (pairs that cannot be part of one are left out, which keeps the bound valid: it is capped at
+    the cutoff).
+    """
+    t0 = time.perf_counter()
+    B = ctx.training.global_batch_size
+    Rmax = max_pipelines
+    if not templates:
+        return Level2Result(status="not run", pipes=None, objective_s=None, bound_s=cutoff_s)
+    lat_min = min(i.node.nic_latency_s for i in ctx.islands)
+    b_min = min(t.b for t in templates)
+    # a pair is in a plan of R >= 2 pipelines only with X >= c_2 ratio + latency and the optimizer after
+    floor = {t.index: t.optimizer_s + ring_factor(2) * t.ratio_s + latency_steps(2) * lat_min for t in templates}
+    pairs: list[tuple[Template, int, float]] = []
+    for t in templates:
+        for m in range(1, min(t.m_cap, (B - b_min) // t.b) + 1):
+            v = pricer.cf(t, m)
+            if v + floor[t.index] >= cutoff_s:
+                break  # CF' is increasing in m
+            pairs.append((t, m, v))
+    if not pairs:
+        return Level2Result(status="nothing better than the cutoff", pipes=None, objective_s=None,
+                            bound_s=cutoff_s, templates=len(templates))
+    warm = greedy_level2(ctx, sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index), pricer, Rmax)
+    if warm is not None and warm[0] >= cutoff_s:
+        warm = None
+    # the warm start is a better cutoff: the MIP searches plans strictly better than it
+    cut = min(cutoff_s, warm[0]) if warm is not None else cutoff_s
+    pairs = [(t, m, v) for t, m, v in pairs if v + floor[t.index] < cut]
+    if not pairs:
+        assert warm is not None
+        return Level2Result(status="optimal", pipes=warm[1], objective_s=warm[0], bound_s=warm[0],
+                            templates=len(templates), solve_time_s=time.perf_counter() - t0,
+                            info={"warm_start_s": warm[0], "note": "no pair can beat the warm start"})
+    used_t = sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index)
+    thr = fluid_throughput(ctx, used_t)
+    fluid_s = B / thr if thr > 0 else 0.0
+    reference = min(cut, max(cf for _, _, cf in pairs))
+    tick = tick_for(reference, LEVEL2_TICKS)
+    fl, _ = rounders(tick)  # ticks, rounded down: every row built with it is implied by the exact values
+
+    md = LinearModel(name="multi_pipeline")
+    cap = {}
+    for t in used_t:
+        cap[t.index] = min([Rmax] + [ctx.islands[i].num_gpus // g for i, g in t.gpus.items()])
+    n, v = {}, {}
+    for t, m, _ in pairs:
+        n[t.index, m] = md.add_var(f"n[{t.index},{m}]", 0, cap[t.index], integer=True)
+        v[t.index, m] = md.add_binary(f"v[{t.index},{m}]")
+        md.add(n[t.index, m] <= cap[t.index] * v[t.index, m], f"nv[{t.index},{m}]")
+        md.add(n[t.index, m] >= v[t.index, m], f"vn[{t.index},{m}]")
+    md.add(lsum(t.b * m * n[t.index, m] for t, m, _ in pairs) == B, "batch")
+    for isl in ctx.islands:
+        terms = [t.gpus[isl.index] * n[t.index, m] for t, m, _ in pairs if t.gpus.get(isl.index)]
+        if terms:
+            md.add(lsum(terms) <= isl.num_gpus, f"gpus[{isl.index}]")
+    y = {R: md.add_binary(f"y[{R}]") for R in range(2, Rmax + 1)}
+    md.add(lsum(y.values()) == 1, "one_R")
+    md.add(lsum(n.values()) == lsum(R * yv for R, yv in y.items()), "R")
+    cf_max = max(fl(cf) for _, _, cf in pairs)
+    tp = md.add_var("Tpipe", min(fl(fluid_s), cf_max), cf_max, integer=True)
+    opt_max = max(fl(t.optimizer_s) for t in used_t)
+    o = md.add_var("Opt", 0, opt_max, integer=True)
+    # GPU-time per island: replicas are disjoint and each is busy CF' <= Tpipe, so
+    # sum g CF' n <= N Tpipe (valid; it prices fill, drain and tails into the LP relaxation)
+    for isl in ctx.islands:
+        terms = [t.gpus[isl.index] * fl(cf) * n[t.index, m] for t, m, cf in pairs if t.gpus.get(isl.index)]
+        if terms:
+            md.add(lsum(terms) <= isl.num_gpus * tp, f"gpu_time[{isl.index}]")
+    for t, m, cf in pairs:
+        md.add(tp >= fl(cf) * v[t.index, m], f"pipe[{t.index},{m}]")
+    # w[t]: template t has a replica (per-template rows keep the model small for LP-based presolve)
+    w = {t.index: md.add_binary(f"w[{t.index}]") for t in used_t}
+    for t in used_t:
+        ms = [var for (ti, _), var in v.items() if ti == t.index]
+        md.add(lsum(ms) <= len(ms) * w[t.index], f"used[{t.index}]")
+        if fl(t.optimizer_s) > 0:
+            md.add(o >= fl(t.optimizer_s) * w[t.index], f"opt[{t.index}]")
+    # sync: ring factor 2(R-1)/R times the most loaded resource, plus latency (lower bounds)
+    zs = _ZoneBounds(ctx, pricer, used_t, fl)
+    rho_ub = max([fl(t.ratio_s) for t in used_t] + [zs.sigma] + list(zs.kappa.values()))
+    rho = md.add_var("Rho", 0, rho_ub, integer=True)
+    for t in used_t:
+        if fl(t.ratio_s) > 0:
+            md.add(rho >= fl(t.ratio_s) * w[t.index], f"rho[{t.index}]")
+    span = zs.build(md, w, rho)
+    lat = {R: fl(latency_steps(R) * lat_min) for R in y}
+    zlat = {R: fl(latency_steps(R) * zs.zone_latency_s) for R in y}
+    x_ub = 2 * rho_ub + max(lat.values()) + max(zlat.values()) + 1
+    x = md.add_var("X", 0, x_ub, integer=True)
+
+    def zl(R: int) -> Any:
+        """Zone-link latency of every all-reduce group when single-zone pipelines span zones."""
+        return zlat[R] * span if span is not None else 0
+
+    md.add(x >= rho + lat[2] + zl(2), "sync_R2")  # 2(R-1)/R >= 1 and latencies grow with R
+    for R, yv in y.items():
+        big = 2 * (R - 1) * rho_ub + R * (lat[R] + zlat[R])
+        md.add(R * x >= 2 * (R - 1) * rho + R * lat[R] + R * zl(R) - big * (1 - yv), f"sync[{R}]")
+    md.minimize(tp + x + o)
+    # the LP relaxation (HiGHS) bounds the MIP optimum; as a row it also helps CP-SAT prune
+    lp = lp_relaxation_bound(md, max(2.0, min(10.0, 0.3 * time_limit_s)))
+    if lp is not None and math.isinf(lp) and lp > 0:
+        return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
+    lp_ticks = math.ceil(lp - 1e-6 * max(1.0, abs(lp))) if lp is not None and math.isfinite(lp) else None
+    if lp_ticks is not None:
+        md.add(tp + x + o >= lp_ticks, "lp_bound")
+    hinted = False
+    if warm is not None:
+        hint = _level2_hint(warm[1], n, v, w, y, tp, x, o, rho, fl, lat, zlat, pricer, zs)
+        if hint is not None:
+            md.set_hint(hint)
+            hinted = True
+    st = md.stats()
+    left = max(0.5, time_limit_s - (time.perf_counter() - t0))  # building, the greedy and the LP took their share
+    res = solve_model(md, backend, SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap))
+    info = {"rows": st.rows, "columns": st.columns, "integers": st.integer_columns, "tick_s": tick,
+            "fluid_lower_bound_s": fluid_s, "lp_bound_s": None if lp_ticks is None else lp_ticks * tick,
+            "solver_status": res.status.value,
+            "warm_start_s": warm[0] if warm is not None else None, "hinted": hinted}
+    elapsed = time.perf_counter() - t0
+    if res.status == SolveStatus.INFEASIBLE:
+        return _nothing_better(warm, cutoff_s, len(pairs), len(templates), elapsed, info)
+    # every plan below the cutoff has Tpipe >= the fluid bound; the MIP optimum exceeds the exact
+    # optimum by at most one tick (the integer X rounds c_R * Rho up), so one tick comes off its bound
+    bound = fluid_s
+    if lp_ticks is not None:
+        bound = max(bound, (lp_ticks - 1) * tick)
+    if res.bound is not None and math.isfinite(res.bound):
+        bound = max(bound, (res.bound - 1) * tick)
+    bound = min(bound, cut)
+    best: tuple[float, list[tuple[Template, int]]] | None = warm
+    if res.values is None:
+        if best is not None:
+            return Level2Result(status="feasible", pipes=best[1], objective_s=best[0], bound_s=bound,
+                                pairs=len(pairs), templates=len(templates), solve_time_s=elapsed, info=info)
+        return Level2Result(status="no solution", pipes=None, objective_s=None, bound_s=bound,
+                            pairs=len(pairs), templates=len(templates), solve_time_s=elapsed, info=info)
+    by_index = {t.index: t for t in used_t}
+    for vals in [res.values] + [vv for _, vv in sorted(res.pool, key=lambda q: q[0])[:25]]:
+        pipes: list[tuple[Template, int]] = []
+        for (ti, m), var in n.items():
+            pipes += [(by_index[ti], m)] * int(round(vals[var.index]))
+        pipes.sort(key=lambda q: (sorted(q[0].gpus), -q[0].total_gpus, q[0].index, -q[1]))
+        obj = pricer.objective(pipes)
+        if best is None or obj < best[0]:
+            best = (obj, pipes)
+    assert best is not None
+    bound = min(bound, best[0])
+    # the MIP prices latency and zone terms by lower bounds: "optimal" only if the exact value agrees
+    status = "optimal" if relative_gap(best[0], bound) <= max(rel_gap, OPTIMAL_RESOLUTION) else "feasible"
+    return Level2Result(status=status, pipes=best[1], objective_s=best[0], bound_s=bound, pairs=len(pairs),
+                        templates=len(templates), solve_time_s=elapsed, info=info)
+
+
+class _ZoneBounds:
+    """Lower bounds of the zone-link part of the sync (clusters with several zones).
+
+    - single-zone templates in two zones both run (``span``): every piece's ring crosses a zone link:
+      ``Rho >= sigma`` with ``sigma`` = all piece bytes over the fastest zone link (divided by the
+      number of link directions when there are more than two zones); every all-reduce group then
+      pays a zone latency too;
+    - a template spanning zones runs with any single-zone template (``single``): the pieces it holds
+      outside that template's zone cross, at least ``kappa_t`` bytes (the fewest outside one zone).
+    """
+
+    def __init__(self, ctx: PlanningContext, pricer: TemplatePricer, templates: Sequence[Template], fl: Any):
+        self.templates = templates
+        self.zones = sorted(ctx.cluster.zones)
+        self.sigma, self.kappa, self.zone_latency_s = 0, {}, 0.0
+        links = pricer.zone_links
+        if not links or len(self.zones) < 2:
+            return
+        # a crossing piece loads at least one zone-link direction (one key per link with two zones,
+        # up to Z (Z - 1) ordered pairs with more), so the busiest one carries >= 1/K of the bytes
+        K = 1 if len(self.zones) == 2 else len(self.zones) * (len(self.zones) - 1)
+        bw = K * max(b for b, _ in links.values())
+        self.zone_latency_s = min(lat for _, lat in links.values())
+        pieces = pricer.piece_bytes()
+        self.sigma = fl(sum(pieces.values()) / bw)
+        for t in templates:
+            if len(t.zones) > 1:
+                held: dict[str, float] = {}
+                for st in pricer.sync_stages([(t, 1)])[0]:
+                    held[st.zone] = held.get(st.zone, 0.0) + sum(pieces[x] for x in st.pieces)
+                total = sum(held.values())
+                self.kappa[t.index] = fl(min(total - held.get(z, 0.0) for z in self.zones) / bw)
+
+    def build(self, md: LinearModel, w: dict[int, Any], rho: Any) -> Any:
+        """Add the rows; returns the ``span`` binary (None for one zone)."""
+        if self.sigma <= 0:
+            return None
+        self.zu = {z: md.add_binary(f"zone[{z}]") for z in self.zones}
+        self.single = md.add_binary("single_zone_used")
+        for t in self.templates:
+            if len(t.zones) == 1:
+                md.add(self.zu[next(iter(t.zones))] >= w[t.index], f"zu[{t.index}]")
+                md.add(self.single >= w[t.index], f"single[{t.index}]")
+        self.span = md.add_binary("span")
+        for a in self.zones:
+            for b in self.zones:
+                if a < b:
+                    md.add(self.span >= self.zu[a] + self.zu[b] - 1, f"span[{a},{b}]")
+        md.add(rho >= self.sigma * self.span, "rho_zone")
+        for t in self.templates:
+            if self.kappa.get(t.index, 0) > 0:
+                md.add(rho >= self.kappa[t.index] * (w[t.index] + self.single - 1), f"rho_cross[{t.index}]")
+        return self.span
+
+    def hint(self, pipes: Sequence[tuple[Template, int]]) -> tuple[dict[Any, float], int, int]:
+        """Values of the zone binaries, the span and the zone part of Rho for ``pipes``."""
+        if self.sigma <= 0:
+            return {}, 0, 0
+        zones = {z for t, _ in pipes if len(t.zones) == 1 for z in t.zones}
+        single = 1 if zones else 0
+        span = 1 if len(zones) > 1 else 0
+        vals: dict[Any, float] = {var: int(z in zones) for z, var in self.zu.items()}
+        vals[self.single], vals[self.span] = single, span
+        r = max([self.sigma * span] + [self.kappa.get(t.index, 0) * single for t, _ in pipes])
+        return vals, span, r
+
+
+def _nothing_better(warm: tuple[float, list[tuple[Template, int]]] | None, cutoff_s: float, pairs: int,
+                    templates: int, elapsed: float, info: dict[str, Any]) -> Level2Result:
+    """The MIP proved that no plan beats its cutoff: the warm start is optimal, or nothing beats ``cutoff_s``."""
+    if warm is not None:
+        return Level2Result(status="optimal", pipes=warm[1], objective_s=warm[0], bound_s=warm[0], pairs=pairs,
+                            templates=templates, solve_time_s=elapsed, info=info)
+    return Level2Result(status="nothing better than the cutoff", pipes=None, objective_s=None, bound_s=cutoff_s,
+                        pairs=pairs, templates=templates, solve_time_s=elapsed, info=info)
+
+
+def _level2_hint(pipes: Sequence[tuple[Template, int]], n: dict, v: dict, w: dict, y: dict, tp: Any, x: Any,
+                 o: Any, rho: Any, fl: Any, lat: dict[int, int], zlat: dict[int, int], pricer: TemplatePricer,
+                 zs: _ZoneBounds) -> dict | None:
+    """A complete assignment of the level-2 model for ``pipes`` (None if a pair was left out)."""
+    count: dict[tuple[int, int], int] = {}
+    for t, m in pipes:
+        count[t.index, m] = count.get((t.index, m), 0) + 1
+    R = len(pipes)
+    if any(k not in n for k in count) or R not in y:
+        return None
+    used = {t.index for t, _ in pipes}
+    vals: dict[Any, float] = {}
+    for k, var in n.items():
+        vals[var] = count.get(k, 0)
+        vals[v[k]] = 1 if count.get(k, 0) else 0
+    for ti, var in w.items():
+        vals[var] = 1 if ti in used else 0
+    for r, var in y.items():
+        vals[var] = 1 if r == R else 0
+    zone_vals, span, zone_rho = zs.hint(pipes)
+    vals.update(zone_vals)
+    vals[tp] = max(max(fl(pricer.cf(t, m)) for t, m in pipes), tp.lb)
+    vals[o] = max(fl(t.optimizer_s) for t, _ in pipes)
+    r_val = max([fl(t.ratio_s) for t, _ in pipes] + [zone_rho])
+    vals[rho] = r_val
+    vals[x] = max(r_val + lat[2] + zlat[2] * span,
+                  -(-(2 * (R - 1) * r_val + R * lat[R] + R * zlat[R] * span) // R))
+    if vals[x] > x.ub or vals[tp] > tp.ub:
+        return None
+    return vals
+
+
+__all__ = ["GREEDY_CHOICES", "Level2Result", "OPTIMAL_RESOLUTION", "fluid_throughput", "greedy_level2",
+           "solve_level2", "split_micro_batches"]

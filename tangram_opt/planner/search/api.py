@@ -1,0 +1,233 @@
+"""``solve(cluster, model, training, ...)``: the planner's entry point.
+
+It turns the user's inputs into checked specs and measured inputs (every invalid one refused with a
+:class:`~tangram_opt.errors.SpecError` naming it), builds the planning context, runs the
+single-pipeline branch and bound (branch_and_bound.py), then the multi-pipeline level
+(tangram_opt/planner/multi_pipeline) unless the options switch it off, and returns the better plan
+with its certificate. The research knobs are in :class:`~tangram_opt.planner.search.options.SearchOptions`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tangram_opt.cost import (Calibration, LayerProfile, ProfileSet, check_profiles, load_calibration,
+                              load_profiles)
+from tangram_opt.errors import SpecError
+from tangram_opt.experts import ImbalanceModel
+from tangram_opt.planner.candidates import CandidateProvider
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.multi_pipeline import with_multi_pipeline
+from tangram_opt.planner.multi_pipeline.options import MultiPipelineOptions
+from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+from tangram_opt.planner.search.nodes import SearchEvent
+from tangram_opt.planner.search.options import SearchOptions
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.solvers import DEFAULT_BACKEND, get_backend
+from tangram_opt.specs import load_cluster, load_model, load_training, training_from_dict
+from tangram_opt.specs.cluster import Cluster
+from tangram_opt.specs.model import ModelSpec
+from tangram_opt.specs.training import TrainingSpec
+
+#: the keywords ``solve`` took for the research knobs before they moved into :class:`SearchOptions`
+#: (still accepted, with a DeprecationWarning)
+LEGACY_KNOBS = ("formulation", "windows", "fluid_cuts", "knapsack", "sequence_leaves", "warm_start", "multi_pipeline")
+#: ``training=None``: this global batch (sequences) and sequence length (tokens)
+DEFAULT_GLOBAL_BATCH, DEFAULT_SEQ_LEN = 512, 4096
+
+
+def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | str | Path | None = None,
+          *, time_limit_s: float = 60.0, backend: str = DEFAULT_BACKEND, threads: int = 1, seed: int = 0,
+          rel_gap: float = 1e-4, space: SearchSpace | None = None,
+          on_progress: Callable[[SearchEvent], None] | None = None,
+          calibration: Calibration | str | Path | None = None,
+          profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | str | Path | None = None,
+          expert_loads: Any = None, moe_load_imbalance: float | Callable[[int, int], float] = 1.0,
+          provider: CandidateProvider | None = None, options: SearchOptions | None = None,
+          **legacy_knobs: Any) -> Plan:
+    """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
+
+    Returns the best plan found with a :class:`~tangram_opt.planner.plan.Certificate` (incumbent,
+    dual bound, gap). On a time limit without proof the best plan is returned with its gap. Raises
+    :class:`InfeasibleError` (with what came closest) when nothing fits, :class:`NoSolutionError`
+    when the time ran out before any plan was found, and :class:`SpecError` for an input no search
+    can honour (each names the argument).
+
+    - ``cluster``, ``model``: specs, or a built-in name / file (``load_cluster``, ``load_model``);
+    - ``training``: a :class:`TrainingSpec`, a dict or a file. None: a global batch of 512 sequences
+      of 4096 tokens in bf16, or in fp16 when some GPU of the cluster has no bf16 (V100, T4, ...) —
+      the same default as ``tangram-opt plan``;
+    - ``time_limit_s`` (>= 0), ``rel_gap`` (in [0, 1): stop once the plan is proved within it; 0.01
+      is reached much sooner than the default 0.01%), ``backend``, ``seed`` (>= 0);
+    - ``threads`` (>= 1): with HiGHS, ``threads - 1`` solver processes solve leaf MIPs beside the
+      search (solvers/workers.py; HiGHS's branch and bound is serial); other backends get the threads;
+    - ``space``: the plan space (:class:`SearchSpace`); ``on_progress``: called with a
+      :class:`SearchEvent` after every step of the search;
+    - measured inputs (docs/user_guide/profiling.md): ``calibration`` is a :class:`Calibration` or
+      the path of a calibration file (YAML/JSON, ``tangram-opt calibrate`` writes one);
+      ``profiles`` a :class:`~tangram_opt.cost.ProfileSet`, a :class:`~tangram_opt.cost.LayerProfile`,
+      a list of them, or the path of a profile file or of a directory of ``*.json`` profiles.
+      Measured layer times replace the computed compute time of the GPU types they cover; a profile
+      of another model shape, sequence length or precision is refused (``check_profiles``);
+    - MoE routing skew: ``expert_loads`` (tokens per expert, one row per MoE layer) prices every MoE
+      layer at the hottest EP rank of the best expert placement for each EP degree
+      (``tangram_opt.experts.ImbalanceModel``; the plan's ``expert_placement`` reports them);
+      ``moe_load_imbalance`` sets that ratio directly (a number >= 1, or a function of
+      ``(ep, gpus_per_node)``);
+    - ``provider``: another source of candidate rows (another homogeneous planner, measured tables);
+    - ``options``: the research knobs (:class:`SearchOptions`: formulation, windows, cuts, leaves,
+      warm start, the multi-pipeline level). The keywords these had before (``formulation=``,
+      ``multi_pipeline=``, ...) are still accepted, with a DeprecationWarning.
+    """
+    t0 = time.perf_counter()
+    options = _options(options, legacy_knobs)
+    cluster, model, training = planning_inputs(cluster, model, training)
+    get_backend(backend)  # fail fast on an unknown or missing backend
+    check_numbers(time_limit_s=time_limit_s, threads=threads, seed=seed, rel_gap=rel_gap,
+                  moe_load_imbalance=moe_load_imbalance)
+    calibration = calibration_input(calibration)
+    profiles = profiles_input(profiles, model, training)
+    space = space or SearchSpace()
+    single_limit_s = time_limit_s * (tuning.MULTI_PIPELINE_SINGLE_SHARE if options.multi_pipeline else 1.0)
+    knobs = options.resolved(space.schedule, single_limit_s)
+    if expert_loads is not None:
+        moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
+    ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
+                          moe_load_imbalance=moe_load_imbalance, profiles=profiles)
+    search = BranchAndBound(ctx, backend=backend, time_limit_s=single_limit_s, threads=threads, seed=seed,
+                            rel_gap=rel_gap, formulation=knobs.formulation, windows=bool(knobs.windows),
+                            fluid_cuts=knobs.fluid_cuts, knapsack=bool(knobs.knapsack),
+                            sequence=bool(knobs.sequence_leaves), warm_start=knobs.warm_start,
+                            on_progress=on_progress, t0=t0)
+    plan = search.run()
+    if knobs.multi_pipeline:
+        plan = with_multi_pipeline(ctx, plan, solver=solve_single_pipeline, backend=backend, time_limit_s=time_limit_s,
+                                   t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
+                                   options=knobs.multi_pipeline_options)
+    return _attach_expert_placement(plan, moe_load_imbalance)
+
+
+def solve_single_pipeline(cluster: Cluster | str, model: ModelSpec | str, training: Any = None, **kwargs: Any) -> Plan:
+    """:func:`solve` without the multi-pipeline level (with the other options at their defaults):
+    the search the multi-pipeline level runs on sub-clusters (its ``solver``)."""
+    return solve(cluster, model, training, options=SearchOptions(multi_pipeline=False), **kwargs)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+def planning_inputs(cluster: Cluster | str, model: ModelSpec | str,
+                    training: TrainingSpec | dict | str | Path | None = None) -> tuple[Cluster, ModelSpec, TrainingSpec]:
+    """The specs ``solve`` plans with: names and files loaded, ``training=None`` made the default
+    (:func:`default_training`)."""
+    cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    model = model if isinstance(model, ModelSpec) else load_model(model)
+    if training is None:
+        training = default_training(cluster)
+    elif isinstance(training, dict):
+        training = training_from_dict(training)
+    elif not isinstance(training, TrainingSpec):
+        training = load_training(training)
+    return cluster, model, training
+
+
+def default_training(cluster: Cluster) -> TrainingSpec:
+    """512 sequences of 4096 tokens per step, in bf16 where every GPU of ``cluster`` supports it and
+    in fp16 otherwise (every GPU type supports fp16)."""
+    bf16 = all(g.gpu.supports("bf16") for g in cluster.node_groups)
+    return TrainingSpec(global_batch_size=DEFAULT_GLOBAL_BATCH, seq_len=DEFAULT_SEQ_LEN,
+                        precision="bf16" if bf16 else "fp16")
+
+
+def check_numbers(*, time_limit_s: Any, threads: Any, seed: Any, rel_gap: Any, moe_load_imbalance: Any) -> None:
+    """Refuse numeric arguments no search can honour, naming the argument (the CLI checks the same)."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not number(time_limit_s) or time_limit_s < 0:
+        raise SpecError("time_limit_s", time_limit_s, "must be a finite number of seconds >= 0",
+                        "give the wall-clock budget, e.g. time_limit_s=60 (0: heuristic plan and bound only)")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SpecError("threads", threads, "must be an integer >= 1", "e.g. threads=2 (this machine's cores)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SpecError("seed", seed, "must be an integer >= 0", "e.g. seed=0")
+    if not number(rel_gap) or not 0.0 <= rel_gap < 1.0:
+        raise SpecError("rel_gap", rel_gap, "is not a relative gap in [0, 1)", "use e.g. 0.01 for within 1%")
+    if not callable(moe_load_imbalance) and (not number(moe_load_imbalance) or moe_load_imbalance < 1.0):
+        raise SpecError("moe_load_imbalance", moe_load_imbalance, "must be a finite ratio >= 1",
+                        "pass max/mean tokens per expert-parallel rank (1.0 = uniform), or a function of "
+                        "(ep, gpus_per_node)")
+
+
+def calibration_input(calibration: Calibration | str | Path | None) -> Calibration | None:
+    """``calibration`` as a :class:`Calibration` (a path is read with ``load_calibration``)."""
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration
+    if isinstance(calibration, (str, Path)):
+        return load_calibration(calibration)
+    raise SpecError("calibration", type(calibration).__name__, "is not a Calibration or a calibration file path",
+                    "pass tangram_opt.cost.Calibration(...) or the file 'tangram-opt calibrate' wrote")
+
+
+def profiles_input(profiles: Any, model: ModelSpec, training: TrainingSpec) -> ProfileSet | None:
+    """``profiles`` as a :class:`ProfileSet` checked against the run (None stays None): a set, one
+    profile, a list of them, or the path of a profile file or of a directory of ``*.json`` profiles."""
+    if profiles is None:
+        return None
+    if isinstance(profiles, (str, Path)):
+        profiles = load_profiles(profiles)
+    elif isinstance(profiles, LayerProfile):
+        profiles = ProfileSet([profiles])
+    elif not isinstance(profiles, ProfileSet):
+        try:
+            items = list(profiles)
+        except TypeError:
+            items = None
+        if items is None or not all(isinstance(p, LayerProfile) for p in items):
+            raise SpecError("profiles", type(profiles).__name__, "is not a profile set, a layer profile, a list of "
+                            "them, or a path", "pass tangram_opt.cost.load_profiles(DIR) or the directory")
+        profiles = ProfileSet(items)
+    check_profiles(profiles, model, training.seq_len, training.precision)
+    return profiles
+
+
+def _options(options: SearchOptions | None, legacy: dict[str, Any]) -> SearchOptions:
+    """``options``, or the same knobs given the old way as keywords (deprecated)."""
+    unknown = sorted(set(legacy) - set(LEGACY_KNOBS))
+    if unknown:
+        raise TypeError(f"solve() got an unexpected keyword argument {unknown[0]!r}")
+    if options is not None and not isinstance(options, SearchOptions):
+        raise SpecError("options", type(options).__name__, "is not a SearchOptions",
+                        "pass tangram_opt.SearchOptions(...) or None")
+    if not legacy:
+        return options if options is not None else SearchOptions()
+    if options is not None:
+        raise SpecError("options", options, f"is given together with {', '.join(sorted(legacy))}=",
+                        "put every knob into options=SearchOptions(...)")
+    warnings.warn(f"solve({', '.join(f'{k}=' for k in legacy)}) is deprecated: pass options=SearchOptions(...)",
+                  DeprecationWarning, stacklevel=3)
+    kw = dict(legacy)
+    if isinstance(kw.get("multi_pipeline"), MultiPipelineOptions):
+        kw["multi_pipeline"], kw["multi_pipeline_options"] = True, kw["multi_pipeline"]
+    return SearchOptions(**kw)
+
+
+def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
+    """Record the expert placements behind the MoE layer times of the chosen plan's EP degrees."""
+    summary = getattr(imbalance, "summary", None)
+    if summary is None:
+        return plan
+    used = {s.ep for s in plan.stages if s.ep > 1 and s.num_moe_layers}
+    info = summary()
+    info["ep_degrees"] = [d for d in info["ep_degrees"] if d["ep"] in used]
+    return replace(plan, expert_placement=info)
+
+
+__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_SEQ_LEN", "LEGACY_KNOBS", "calibration_input", "check_numbers",
+           "default_training", "planning_inputs", "profiles_input", "solve", "solve_single_pipeline"]

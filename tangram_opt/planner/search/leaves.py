@@ -1,0 +1,283 @@
+"""Leaves of the branch and bound: narrow windows handed to the MIP backend, and what comes back.
+
+- aggregated (or positional) leaves: :meth:`LeafSolves.solve_leaf` builds and hints the window's
+  model, :meth:`LeafSolves.leaf_solved` scores every solution exactly, then either cuts off
+  support classes whose exact best is known and re-solves (:meth:`LeafSolves.refine`) or looks
+  for better orders of what it found (:meth:`LeafSolves.explore_alternatives`);
+- sequence leaves (one window, one stage count; formulations/stage_sequence.py):
+  :meth:`LeafSolves.solve_sequence` and :meth:`LeafSolves.sequence_solved`.
+
+A leaf closes at a bound read from its model (lowered by ``ticks.rounding_ticks``), or goes back to
+the queue with its better bound and twice the time. Solves go through
+:meth:`BranchAndBound.dispatch`, which hands them to a worker process when one is idle.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+import time
+from typing import Any
+
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+from tangram_opt.planner.formulations.ordering import polish, reorder, support_class_best
+from tangram_opt.planner.formulations.positional import PositionalMIP
+from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
+from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
+from tangram_opt.planner.formulations.ticks import rounding_ticks
+from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search.nodes import Node
+from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.solvers.model import lsum
+
+
+class LeafSolves:
+    """The leaf solves of :class:`~tangram_opt.planner.search.branch_and_bound.BranchAndBound` (a mixin:
+    it uses the search's subs, queue, budget, incumbent and :meth:`offer` / :meth:`close`)."""
+
+    __slots__ = ()
+
+    def solve_leaf(self, node: Node) -> None:
+        sub = self.subs[node.b]
+        mip = node.mip
+        assert mip is not None
+        cutoff = mip.options.cutoff_s
+        if isinstance(mip, AggregatedMIP) and cutoff is not None and self.inc_s < cutoff * (1 - tuning.REBUILD_CUTOFF_GAIN):
+            # the incumbent improved since this window's model was built: rebuild it with the new
+            # cutoff (tighter time bounds, more columns fixed by reduced costs); MIP time dwarfs this
+            hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s,
+                                  excluded=node.excluded_types) if hi > node.lo_s else None
+            if fresh is None or self.pruned(fresh.bound_s):
+                self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
+                return
+            node.mip, node.hi_s, node.bound_s = fresh.mip, hi, max(node.bound_s, fresh.bound_s)
+            mip = fresh.mip
+            assert mip is not None
+        n_open = 1 + len(self.open)
+        budget = min(self.remaining(), max(2.0, self.remaining() / n_open) * 2 ** node.tries)
+        for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
+                [self.seeds[sub.b][1]] if sub.b in self.seeds else []):
+            hint = mip.hint_from(cand)
+            # reduced-cost fixing may have excluded the hinted plan (it cannot beat the cutoff)
+            if hint is not None and all(v.lb - 1e-9 <= val <= v.ub + 1e-9 for v, val in
+                                        ((mip.model.vars[var.index], val) for var, val in hint.items())):
+                mip.model.set_hint(hint)
+                break
+        options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
+                               cutoff=self.cutoff_ticks(mip))
+        base = self.elapsed()
+        self.dispatch(node, mip.model, options, lambda res: self.leaf_solved(node, mip, budget, base, res))
+
+    def leaf_solved(self, node: Node, mip: AggregatedMIP | PositionalMIP, budget: float, base: float,
+                    res: Any) -> None:
+        """An aggregated (or positional) leaf's solve came back: offer its plans, cut support
+        classes off or explore alternatives, and close the window or queue it with more time."""
+        sub = self.subs[node.b]
+        tick = mip.options.tick_s
+        sub.info["mip_solves"] += 1
+        sub.solve_time_s += res.solve_time_s
+        self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
+                                   None if q.bound is None else q.bound * tick) for q in res.trajectory])
+        if res.status == SolveStatus.ERROR:
+            self.close(node, node.bound_s)
+            sub.info["last_status"] = f"error: {res.message}"
+            self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
+            return
+        if res.values is not None:
+            # the aggregated model relaxes p2p and tail terms: evaluate every reported solution exactly
+            best: tuple[float, list[StageChoice]] | None = None
+            for vals in [res.values] + [v for _, v in sorted(res.pool, key=lambda q: q[0])[:25]]:
+                ch = mip.decode(vals)  # type: ignore[arg-type]
+                t = choices_timing(sub.problem, ch).step_time_s
+                if best is None or t < best[0]:
+                    best = (t, ch)
+            assert best is not None
+            if isinstance(mip, AggregatedMIP) and len(best[1]) > 3:
+                better = polish(sub.problem, reorder(sub.problem, best[1]))
+                best = min(best, (choices_timing(sub.problem, better).step_time_s, better), key=lambda q: q[0])
+            self.offer(sub.b, best[1], best[0])
+            if isinstance(mip, AggregatedMIP) and res.objective is not None and res.status == SolveStatus.OPTIMAL \
+                    and not self.pruned(res.objective * tick):
+                # the model's optimum is below the incumbent but (often) no real plan is: cut off
+                # its support class once the class's exact best is known, and re-solve
+                res = self.refine(node, mip, res, budget)
+            elif isinstance(mip, AggregatedMIP) and res.objective is not None and \
+                    best[0] > res.objective * tick * (1 + 1e-3):
+                self.explore_alternatives(node, mip, res.values, budget)
+        if res.status == SolveStatus.INFEASIBLE:
+            # nothing left in this window beats the cutoff but the support classes cut off it
+            self.close(node, min(node.excluded_s, self.target_s()))
+        elif res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
+            slack = rounding_ticks(sub.problem.num_micro_batches) * tick
+            model_b = res.bound * tick - slack if res.bound is not None else -math.inf
+            # both the window's first LP bound and min(classes cut off, the cut model's bound)
+            # hold for the whole window
+            b = max(node.bound_s, min(model_b, node.excluded_s))
+            if res.status == SolveStatus.OPTIMAL or self.pruned(b):
+                self.close(node, min(b, self.inc_s))
+            else:
+                # time ran out: keep the window open with its better bound and more time next turn
+                node.bound_s, node.tries = b, node.tries + 1
+                heapq.heappush(self.open, node)
+        self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
+
+    def solve_sequence(self, node: Node) -> None:
+        """Solve a leaf of one window and one stage count with the sequence model (exact in the
+        order of the stages; formulations/pipeline_mip.md §3b) against the target as cutoff.
+        Optimal: the leaf closes at its optimum, whose plan is offered; infeasible: nothing in it
+        beats the target; time limit: back to the queue with the model's dual bound and twice
+        the time."""
+        sub = self.subs[node.b]
+        assert node.stages is not None and node.stages[0] == node.stages[1] and sub.types is not None
+        P = node.stages[0]
+        hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
+        if hi <= node.lo_s:
+            self.close(node, self.inc_s)
+            return
+        built = node.mip.options.cutoff_s if node.mip is not None else None
+        if built is not None and self.inc_s < built * (1 - tuning.REBUILD_CUTOFF_GAIN):
+            # the incumbent improved since this node's LP: re-bound it, fixing more stage types
+            fresh = self.evaluate(sub, node.lo_s, hi, excluded=node.excluded_types, stages=node.stages)
+            if fresh is None or self.pruned(fresh.bound_s):
+                self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
+                return
+            node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
+            node.bound_s = max(node.bound_s, fresh.bound_s)
+        skip = node.excluded_types
+        types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip] for role, ts in sub.types.items()}
+        seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
+                          node.lo_s, hi, integral=self.backend != "highs").build()
+        if seq.empty:  # some position has no stage type left: no plan of this size beats the target
+            self.close(node, self.target_s())
+            return
+        if seq.columns > tuning.SEQUENCE_MAX_COLUMNS:
+            sub.info["sequence_too_large"] = sub.info.get("sequence_too_large", 0) + 1
+            self.solve_leaf(node)
+            return
+        for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
+                [self.seeds[sub.b][1]] if sub.b in self.seeds else []):
+            hint = seq.hint_from(cand)
+            if hint is not None:
+                seq.model.set_hint(hint)
+                break
+        n_open = 1 + len(self.open)
+        budget = min(self.remaining(), max(tuning.SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
+        options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
+                               cutoff=self.cutoff_ticks(seq), presolve=False,
+                               heuristics=node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_HEURISTICS_SLACK))
+        base = self.elapsed()
+        self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res))
+
+    def sequence_solved(self, node: Node, seq: SequenceMIP, base: float, res: Any) -> None:
+        """A sequence leaf's solve came back: offer its plan and close the leaf at its bound, or
+        queue it with twice the time."""
+        sub = self.subs[node.b]
+        tick = seq.options.tick_s
+        sub.info["sequence_solves"] = sub.info.get("sequence_solves", 0) + 1
+        sub.solve_time_s += res.solve_time_s
+        self.trajectories.append([(base + q.elapsed_s, None if q.incumbent is None else q.incumbent * tick,
+                                   None if q.bound is None else q.bound * tick) for q in res.trajectory])
+        slack = rounding_ticks(sub.problem.num_micro_batches) * tick
+        if res.values is not None:
+            choices = seq.decode(res.values)
+            self.offer(sub.b, choices, choices_timing(sub.problem, choices).step_time_s)
+        if res.status == SolveStatus.INFEASIBLE:
+            self.close(node, self.target_s())
+        elif res.status == SolveStatus.OPTIMAL and res.objective is not None:
+            # optimal within the solver's relative gap (rel_gap): its dual bound, not the objective
+            proved = res.bound if res.bound is not None else res.objective
+            self.close(node, min(self.inc_s, max(node.bound_s, proved * tick - slack)))
+        elif res.status in (SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
+            bound = max(node.bound_s, res.bound * tick - slack if res.bound is not None else -math.inf)
+            if self.pruned(bound):
+                self.close(node, bound)
+            else:
+                node.bound_s, node.tries = bound, node.tries + 1
+                heapq.heappush(self.open, node)
+        else:
+            self.close(node, node.bound_s)
+            sub.info["last_status"] = f"error: {res.message}"
+        self.emit(f"b={node.b}: sequence {node.describe()} {res.status.value}")
+
+    def refine(self, node: Node, mip: AggregatedMIP, res: Any, budget: float) -> Any:
+        """Tighten a window whose model optimum lies below the incumbent.
+
+        The aggregated model relaxes the order of the stages, so its optimum may price a multiset
+        below every real plan made of it. Each round takes the optimum's *support class* (its
+        first and last type and its set of middle types, any counts and orders), finds the class's
+        exact best plan by enumeration (aggregated.support_class_best; offered as an incumbent),
+        records it in ``node.excluded_s`` and cuts the class off the window's model; the re-solved
+        model bounds everything else. The window's bound is min(excluded_s, the model's bound),
+        valid for the whole window. Stops when the model's optimum reaches the incumbent, the
+        window is exhausted (INFEASIBLE), a class is too large to enumerate, after tuning.REFINE_ROUNDS
+        cuts, or when a re-solve runs out of time; returns the last optimal (or infeasible)
+        result, so the window closes at that bound: no-good cuts make later solves slow, and a
+        window left open with many of them would absorb the search's time."""
+        sub = self.subs[node.b]
+        tick = mip.options.tick_s
+        deadline = time.perf_counter() + min(budget, self.remaining())
+        # re-solves with more cuts get harder: each may take a few times the first solve
+        per_solve = max(1.0, tuning.REFINE_SOLVE_FACTOR * res.solve_time_s)
+        for _ in range(tuning.REFINE_ROUNDS):
+            best = support_class_best(sub.problem, mip, res.values, max_orders=tuning.REFINE_MAX_ORDERS)
+            if best is None:
+                sub.info["refine_too_large"] = sub.info.get("refine_too_large", 0) + 1
+                return res
+            if best[1] is not None:
+                self.offer(sub.b, best[1], best[0])
+            node.excluded_s = min(node.excluded_s, best[0])
+            mip.cut_support(res.values)
+            sub.info["support_cuts"] = sub.info.get("support_cuts", 0) + 1
+            left = min(deadline - time.perf_counter(), per_solve)
+            if left < 0.2:
+                return res  # its optimum still bounds everything the earlier cuts left
+            mip.model.hint = {}
+            nxt = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=left, threads=self.solve_threads,
+                                                                    seed=self.seed, rel_gap=self.rel_gap,
+                                                                    cutoff=self.cutoff_ticks(mip)))
+            sub.info["mip_solves"] += 1
+            sub.solve_time_s += nxt.solve_time_s
+            if nxt.values is not None:
+                ch = mip.decode(nxt.values)
+                self.offer(sub.b, ch, choices_timing(sub.problem, ch).step_time_s)
+            if nxt.status == SolveStatus.INFEASIBLE:
+                return nxt
+            if nxt.status != SolveStatus.OPTIMAL or nxt.objective is None:
+                return res  # out of time: the previous optimum still bounds the rest
+            res = nxt
+            if self.pruned(res.objective * tick):
+                return res
+        return res
+
+    def explore_alternatives(self, node: Node, mip: AggregatedMIP, values: list[float], budget: float) -> None:
+        """Primal search when the relaxation flattered the MIP's answer (its exact step time is
+        worse than the MIP objective): on a copy of the window's model, cut off the used stage-type
+        pattern (no-good on the binaries) and re-solve a few times, scoring each answer exactly.
+        Only incumbents come out of this; the node's bound is the original model's."""
+        sub = self.subs[node.b]
+        model = copy.deepcopy(mip.model)
+        binaries = [v for group in (mip.e, mip.h, mip.o) for v in group.values()]
+        vals = values
+        for _ in range(tuning.NOGOOD_ROUNDS):
+            left = min(budget / 2, self.remaining())
+            if left < 0.5:
+                return
+            ones = [v for v in binaries if vals[v.index] > 0.5]
+            zeros = [v for v in binaries if vals[v.index] <= 0.5]
+            model.add(lsum(1 - v for v in ones) + lsum(zeros) >= 1, f"nogood{len(model.constraints)}")
+            model.hint = {}
+            res = solve_model(model, self.backend, SolveOptions(time_limit_s=left, threads=self.solve_threads,
+                                                                 seed=self.seed, rel_gap=self.rel_gap,
+                                                                 cutoff=self.cutoff_ticks(mip)))
+            sub.info["mip_solves"] += 1
+            sub.solve_time_s += res.solve_time_s
+            if res.values is None:
+                return
+            vals = res.values
+            ch = mip.decode(vals)
+            self.offer(sub.b, ch, choices_timing(sub.problem, ch).step_time_s)
+
+
+__all__ = ["LeafSolves"]

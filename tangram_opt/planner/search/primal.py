@@ -1,0 +1,153 @@
+"""Primal heuristics of the branch and bound: finding good plans early, so the cutoff prunes more.
+
+- :meth:`PrimalHeuristics.restricted_primal`: on large instances, the same search over a
+  heuristically pruned candidate table first (its plans are real plans of the full table);
+- :meth:`PrimalHeuristics.knapsack_plans`: the layer-covering knapsack's own covers near its bound,
+  ordered for memory and neighbours and scored exactly.
+
+The greedy warm start (tangram_opt/baselines/greedy.py) and the diving primal turns of node
+selection (:meth:`BranchAndBound.next_node`) are the other primal parts. Nothing here touches a
+bound: only :meth:`BranchAndBound.offer` is called with what is found.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+
+from tangram_opt.errors import InfeasibleError, NoSolutionError
+from tangram_opt.planner.candidates import Candidate, HeuristicallyPruned
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
+from tangram_opt.planner.formulations.ordering import polish, try_order
+from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
+from tangram_opt.planner.formulations.stage_types import StageType
+from tangram_opt.planner.islands import Island
+from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search.nodes import SubProblem
+
+
+class _ContextTables:
+    """A context's candidate tables (computed once per pipeline micro-batch size) as a provider."""
+
+    def __init__(self, ctx: PlanningContext):
+        self.ctx = ctx
+
+    def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
+        return [c for c in self.ctx.candidates(pipeline_micro_batch) if c.island == island.index]
+
+
+class PrimalHeuristics:
+    """The primal heuristics of :class:`~tangram_opt.planner.search.branch_and_bound.BranchAndBound`
+    (a mixin: it uses the search's context, subs, time budget and :meth:`offer`)."""
+
+    __slots__ = ()
+
+    def restricted_primal(self, live: list[SubProblem]) -> None:
+        """Primal heuristic for large instances: the same search on a heuristically pruned candidate
+        set (the fastest candidates per island and size) with a share of the time. Its plans are
+        real plans of the full space (their candidates are full-space candidates), so they become
+        incumbents and sharpen the cutoff; its bounds are not used."""
+        ctx = self.ctx
+        # the full context's candidate tables, cut: nothing is priced twice, and the rows are the
+        # very objects of the full tables (whatever the provider returns on a second call)
+        small_space = replace(ctx.space, heuristic_keep=tuning.RESTRICTED_PRIMAL_KEEP)
+        small = PlanningContext(ctx.cluster, ctx.model, ctx.training, space=small_space, cost=ctx.cost,
+                                provider=HeuristicallyPruned(_ContextTables(ctx), ctx.kinds, tuning.RESTRICTED_PRIMAL_KEEP))
+        inner = type(self)(small, backend=self.backend, time_limit_s=self.remaining() * tuning.RESTRICTED_PRIMAL_SHARE,
+                                threads=self.threads, seed=self.seed, rel_gap=tuning.RESTRICTED_PRIMAL_GAP,
+                                formulation=self.formulation,
+                                windows=self.windows, fluid_cuts=self.fluid_cuts, knapsack=self.knapsack,
+                                warm_start=False, order_rows=False, leaf_ratio=tuning.RESTRICTED_PRIMAL_LEAF_RATIO,
+                                primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,
+                                on_progress=None,
+                                t0=time.perf_counter())
+        try:
+            inner.run()
+        except (InfeasibleError, NoSolutionError):
+            return
+        if inner.inc is None:
+            return
+        b, choices = inner.inc
+        full = {id(c): i for i, c in enumerate(self.subs[b].problem.candidates)}
+        small_cands = inner.subs[b].problem.candidates
+        mapped = [StageChoice(candidate=full[id(small_cands[ch.candidate])], layers=dict(ch.layers))
+                  for ch in choices]
+        t = choices_timing(self.subs[b].problem, mapped).step_time_s
+        self.offer(b, mapped, t)
+        self.emit(f"restricted search (fastest {tuning.RESTRICTED_PRIMAL_KEEP} candidates per island and size): "
+                  f"{t:.4f} s")
+
+    def knapsack_plans(self, sub: SubProblem, sack: LayerKnapsack, knap: float, hi: float) -> None:
+        """Primal heuristic: the knapsack's own covers for caps a little above its bound.
+
+        For a few caps between ``knap`` and 1.1 ``knap`` (or the incumbent's period) and a few
+        minimum memory tolerances, take the stages the covering knapsack picks, order them for
+        memory and neighbours (``try_order``) and score them exactly; the best
+        tuning.KNAPSACK_PLAN_POLISH also get their layer split polished. Balanced by construction, these
+        plans are often better than what the window MIPs find in their time. Each cap is tried as
+        is, with one island capped lower (separator covers), and with k small stages set aside on
+        one island for each placement of the first and last stage (reserved separators: large
+        stages of every island, that island's included, alternate with them).
+        """
+        budget = min(self.remaining(), max(tuning.KNAPSACK_PLAN_MIN_S, tuning.KNAPSACK_PLAN_SHARE * self.time_limit_s))
+        if budget <= 0:
+            return
+        deadline = time.perf_counter() + budget
+        times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * tuning.KNAPSACK_PLAN_SPAN))]
+        caps = times[::max(1, len(times) // tuning.KNAPSACK_PLAN_CAPS)]
+        seen: set[tuple] = set()
+        p2p = sub.problem.link_lo_s
+        islands = sorted(sub.problem.island_gpus)
+        # separators: island j capped so that its stages may neighbour a stage at the full cap
+        # across j's cheapest link to another island (T_a + T_b + 2 c <= 2 lam), so large stages elsewhere
+        # need not neighbour each other and pay their link
+        link_in = {j: min(min(p2p[i, j], p2p[j, i]) for i in islands if i != j) for j in islands} \
+            if len(islands) > 1 else {}
+        ordered: list[tuple[float, list[StageChoice]]] = []
+
+        def order(cover: tuple[StageType, list[StageType], StageType] | None) -> None:
+            if cover is None:
+                return
+            first, mids, last = cover
+            key = (first.candidate, first.layers, tuple(sorted((t.candidate, t.layers) for t in mids)),
+                   last.candidate, last.layers)
+            if key in seen:
+                return
+            seen.add(key)
+            choices = try_order(sub.problem, first, mids, last, polish_split=False)
+            if choices is not None:
+                ordered.append((choices_timing(sub.problem, choices).step_time_s, choices))
+
+        for lam in caps:
+            if time.perf_counter() > deadline:
+                break
+            for tol, sep in itertools.product(tuning.KNAPSACK_PLAN_TOLERANCES, [None, *link_in]):
+                order(sack.cover(float(lam), tol, None if sep is None else {sep: float(lam) - 2 * link_in[sep]}))
+            # reserved separators: k small stages on island j, the rest covered at the full cap, for
+            # every island pair holding the first and last stage; k follows the count of full-cap
+            # stages the cover needs separated (#full <= #small + 1 lets them alternate)
+            for j, ends in itertools.product(link_in, itertools.product(islands, islands)):
+                sep_cap = float(lam) - 2 * link_in[j]
+                k, tried = 1, set()
+                while k not in tried:
+                    tried.add(k)
+                    cover = sack.cover(float(lam), 0, None, (j, k, sep_cap), ends)
+                    if cover is None:
+                        break
+                    order(cover)
+                    stages = [cover[0], *cover[1], cover[2]]
+                    full = sum(t.time_s > sep_cap * (1 + 1e-12) for t in stages)
+                    k = max(1, k + full - 1 - (len(stages) - full))
+        # the layer split is polished (the costly part) on the best few orders only
+        ordered.sort(key=lambda q: q[0])
+        for rank, (t, choices) in enumerate(ordered):
+            if rank < tuning.KNAPSACK_PLAN_POLISH:
+                choices = polish(sub.problem, choices)
+                t = choices_timing(sub.problem, choices).step_time_s
+            self.offer(sub.b, choices, t)
+        sub.info["knapsack_plans"] = len(ordered)
+
+
+__all__ = ["PrimalHeuristics"]

@@ -1,0 +1,71 @@
+"""The search's tuning constants, each with the measurement or reason behind it.
+
+Changing one changes how fast the search closes its gap, never what it proves: every node is
+closed by a valid bound whatever these say. The modules of the search read them as
+``tuning.NAME`` at the point of use, so a test or an experiment can set one for a run.
+"""
+
+from __future__ import annotations
+
+#: a node whose window is at most this wide (hi / lo) goes to the MIP backend instead of being split
+LEAF_WINDOW_RATIO = 1.01
+#: above this many candidates (summed over pipeline micro-batch sizes) a restricted search on the
+#: fastest RESTRICTED_PRIMAL_KEEP candidates per island and size first finds a good incumbent,
+#: using RESTRICTED_PRIMAL_SHARE of the time
+RESTRICTED_PRIMAL_CANDIDATES = 3000
+RESTRICTED_PRIMAL_KEEP = 2
+RESTRICTED_PRIMAL_SHARE = 0.3
+#: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
+RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
+#: ... and stops once its best plan is proved within this gap on the restricted space (it looks
+#: for plans; the main search's own first pass proves the same gap)
+RESTRICTED_PRIMAL_GAP = 0.01
+#: a node is also split on the largest step tail of its stages (``BranchAndBound.split``) until
+#: that window is at most this fraction of the incumbent wide
+TAIL_LEAF_FRACTION = 0.0025
+#: a window's model is rebuilt before its MIP solve when the incumbent improved by more than this
+REBUILD_CUTOFF_GAIN = 1e-3
+#: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
+NOGOOD_ROUNDS = 3
+#: rounds of support-class cuts per window (``BranchAndBound.refine``; the window then closes at
+#: its bound), and the most orders one class may have for its exact best to be enumerated
+REFINE_ROUNDS = 8
+REFINE_MAX_ORDERS = 5000
+#: each re-solve of a cut window gets at most this many times the first solve's time (>= 1 s)
+REFINE_SOLVE_FACTOR = 3.0
+#: the knapsack primal heuristic (``BranchAndBound.knapsack_plans``): caps in [bound, SPAN x bound],
+#: at most CAPS of them, each with these minimum memory tolerances, for at most
+#: max(MIN_S, SHARE x time_limit_s) seconds per pipeline micro-batch size
+KNAPSACK_PLAN_SPAN = 1.1
+KNAPSACK_PLAN_CAPS = 12
+KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
+KNAPSACK_PLAN_MIN_S = 0.2
+KNAPSACK_PLAN_SHARE = 0.02
+#: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
+PRIMAL_IDLE_TURNS = 8
+PRIMAL_MAX_EVERY = 8
+#: knapsack plans whose layer split is polished (the best orders by exact step time)
+KNAPSACK_PLAN_POLISH = 8
+#: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
+#: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py)
+SEQUENCE_WINDOW_RATIO = 1.02
+#: a sequence model with more stage-type columns than this goes to the aggregated leaf instead
+SEQUENCE_MAX_COLUMNS = 40000
+#: the search first proves this relative gap (when ``rel_gap`` is smaller), then starts again
+#: from the roots with the requested one, keeping the first proof as a floor under the bound
+FIRST_PASS_GAP = 0.01
+#: the least time a sequence leaf gets (doubled each time it comes back unfinished)
+SEQUENCE_FIRST_BUDGET_S = 5.0
+#: a sequence leaf whose bound lies more than this fraction below the target is solved with
+#: HiGHS's sub-MIP heuristics (it may hold much better plans: find them); nearer the target, where
+#: nearly every leaf ends as a quick infeasibility proof, without (formulations/pipeline_mip.md §3b)
+SEQUENCE_HEURISTICS_SLACK = 0.05
+#: ``sequence_leaves=None`` (the default) turns them on when the single-pipeline search has at
+#: least this long: below it the aggregated leaves reach a smaller gap, above it the sequence
+#: leaves do (formulations/pipeline_mip.md §5, "Sequence leaves")
+SEQUENCE_MIN_TIME_S = 50.0
+#: leaf solves run in ``threads - 1`` solver processes beside the search (HiGHS's MIP is serial);
+#: a worker's solve stops at its time limit, and the search waits this much longer for it
+WORKER_GRACE_S = 2.0
+#: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
+MULTI_PIPELINE_SINGLE_SHARE = 0.7
