@@ -546,7 +546,7 @@ def _export_formats(names: Sequence[str] | None) -> tuple[str, ...]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from tangram_opt.export import PlanFile, export_notes, save_plan_file, write_exports
-    from tangram_opt.planner.search import solve
+    from tangram_opt.planner.search import SearchOptions, solve
     from tangram_opt.show.summary import summary_renderable
     from tangram_opt.solvers import DEFAULT_BACKEND, get_backend
 
@@ -568,7 +568,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     calibration, profiles = _cost_inputs(args, cluster, model, training)
     with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet) as progress:
         plan = solve(cluster, model, training, time_limit_s=args.time_limit, backend=backend, threads=args.threads,
-                     seed=args.seed, rel_gap=args.gap, space=space, warm_start=not args.no_warm_start,
+                     seed=args.seed, rel_gap=args.gap, space=space,
+                     options=SearchOptions(warm_start=not args.no_warm_start),
                      calibration=calibration, profiles=profiles, on_progress=progress)
     _print(summary_renderable(plan), args.width)
     kept = tuple(profiles) if profiles is not None else ()
