@@ -158,7 +158,7 @@ def fmt_tok(x: float | None) -> str:
 def report(rows: list[Row], *, quick: bool, backend: str, threads: int, wall_s: float) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
-        from benchmarks.run import machine_info
+        from benchmarks.report import machine_info
 
         mi = machine_info()
         machine = f"{mi['cpu']}, {mi['cores']} cores, {mi['ram']} RAM, {mi['os']}"

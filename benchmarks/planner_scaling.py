@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tangram_opt as to
-from benchmarks.run import machine_info
+from benchmarks.report import machine_info
 from tangram_opt.planner.search import SearchOptions, solve
 
 ROOT = Path(__file__).resolve().parent.parent

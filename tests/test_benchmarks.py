@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import BENCH_DIR, METHODS, SCENARIO_DIR, geomean, load_scenario, load_scenarios, main, run_scenario
+from benchmarks.report import geomean
+from benchmarks.run import main, run_scenario
+from benchmarks.scenario_suite import BENCH_DIR, METHODS, SCENARIO_DIR, load_scenario, load_scenarios
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.islands import find_islands
 from tangram_opt.specs import check_precision, list_presets, load_cluster
