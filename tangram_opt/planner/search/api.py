@@ -20,7 +20,6 @@ from typing import Any
 from tangram_opt.cost import (Calibration, LayerProfile, ProfileSet, check_profiles, load_calibration,
                               load_profiles)
 from tangram_opt.errors import SpecError
-from tangram_opt.experts import ImbalanceModel
 from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.multi_pipeline import with_multi_pipeline
@@ -99,6 +98,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     single_limit_s = time_limit_s * (tuning.MULTI_PIPELINE_SINGLE_SHARE if options.multi_pipeline else 1.0)
     knobs = options.resolved(space.schedule, single_limit_s)
     if expert_loads is not None:
+        from tangram_opt.experts import ImbalanceModel  # the placement MIPs load only when asked for
+
         moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
     ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
                           moe_load_imbalance=moe_load_imbalance, profiles=profiles)
