@@ -244,7 +244,7 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
 def predict_step_s(run: MeasuredRun, calibration: Calibration, *, time_limit_s: float = 10.0) -> float:
     """The step time ``solve`` predicts for ``run`` launched as measured (one pipeline of at most
     ``pp`` stages, the run's tp/cp/ep/dp, ZeRO stage, recomputation and micro-batch)."""
-    from tangram_opt.planner.search import solve
+    from tangram_opt.planner.search import SearchOptions, solve
     from tangram_opt.planner.space import SearchSpace
     from tangram_opt.specs.cluster import make_cluster
 
@@ -256,7 +256,7 @@ def predict_step_s(run: MeasuredRun, calibration: Calibration, *, time_limit_s: 
                         recompute=(run.recompute,), pipeline_micro_batches=(run.micro_batch_size * run.dp,),
                         max_stages=run.pp)
     plan = solve(cluster, run.model, run.training, space=space, time_limit_s=time_limit_s, rel_gap=0.001,
-                 calibration=calibration, multi_pipeline=False)
+                 calibration=calibration, options=SearchOptions(multi_pipeline=False))
     return plan.step_time_s
 
 
