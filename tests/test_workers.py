@@ -66,7 +66,7 @@ def test_a_dead_worker_fails_its_future_and_is_never_idle_again():
 def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():
     import highspy
 
-    from tangram_opt.solvers.backends import HIGHS_SUB_MIP_HEURISTICS
+    from tangram_opt.solvers.highs import HIGHS_SUB_MIP_HEURISTICS
 
     h = highspy.Highs()
     for name in HIGHS_SUB_MIP_HEURISTICS:  # names the installed HiGHS knows (on by default)

@@ -24,7 +24,8 @@ import threading
 from concurrent.futures import Future
 from dataclasses import replace
 
-from tangram_opt.solvers.backends import SolveOptions, SolveResult, solve_model
+from tangram_opt.solvers.backends import solve_model
+from tangram_opt.solvers.protocol import SolveOptions, SolveResult
 from tangram_opt.solvers.model import LinearModel
 
 _HEADER = 8  # bytes of the little-endian length before each pickle
