@@ -419,6 +419,15 @@ def _deepspeed_check_plan(plan: Plan) -> None:
             assert cfg.zero_optimization_stage <= 1  # the pipeline engine's assertion
 
 
+def _free_port() -> str:
+    """A TCP port nobody listens on now (two test runs on one machine must not share the rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
 def deepspeed():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -426,7 +435,7 @@ def deepspeed():
     import deepspeed.comm as dist
 
     if not dist.is_initialized():  # DeepSpeedConfig asks the mpu only inside an initialized process group
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("TANGRAM_TEST_PORT", "29517"),
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("TANGRAM_TEST_PORT", _free_port()),
                           RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
