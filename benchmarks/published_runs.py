@@ -474,7 +474,8 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
         try:
             provider = _provider(run, training, space, cost_model_kwargs)
             p = to.solve(cluster, run.model, training, space=space, time_limit_s=time_limit_s / len(candidates),
-                         rel_gap=rel_gap, multi_pipeline=False, provider=provider, **cost_model_kwargs)
+                         rel_gap=rel_gap, options=to.SearchOptions(multi_pipeline=False), provider=provider,
+                         **cost_model_kwargs)
         except TangramError as e:
             failure = failure or e
             continue

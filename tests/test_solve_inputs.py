@@ -15,11 +15,12 @@ from tangram_opt.cost import (DEFAULT_CALIBRATION, CostModel, LayerProfile, Prof
                               save_calibration, save_profile)
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.islands import find_islands
-from tangram_opt.planner.search import solve
+from tangram_opt.planner.search import SearchOptions, solve
 from tangram_opt.sim import simulate
 from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
 
 MODEL = "opt-350m"
+SINGLE = SearchOptions(multi_pipeline=False)
 TRAINING = TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16")
 
 
@@ -46,8 +47,8 @@ def _slow_profile(factor: float) -> LayerProfile:
 
 def test_profiles_from_a_directory_price_the_plan_and_the_replay(tmp_path):
     save_profile(_slow_profile(3.0), tmp_path / "a100-80.json")
-    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False)
-    measured = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False, profiles=tmp_path)
+    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, options=SINGLE)
+    measured = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, options=SINGLE, profiles=tmp_path)
     assert measured.step_time_s > 1.5 * base.step_time_s
     model = load_model(MODEL)
     replay = simulate(measured, _cluster(), model, TRAINING, profiles=_slow_profile(3.0))
@@ -75,8 +76,8 @@ def test_calibration_file_path_is_read(tmp_path):
                                         attention_bwd_efficiency=0.15)
     path = tmp_path / "cal.yaml"
     save_calibration(slow, path)
-    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False)
-    cal = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, multi_pipeline=False, calibration=str(path))
+    base = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, options=SINGLE)
+    cal = solve(_cluster(), MODEL, TRAINING, time_limit_s=20, options=SINGLE, calibration=str(path))
     assert cal.step_time_s > 1.3 * base.step_time_s
     with pytest.raises(SpecError) as exc:
         solve(_cluster(), MODEL, TRAINING, time_limit_s=5, calibration=3)
@@ -151,8 +152,8 @@ def test_fp8_plans_on_hopper_and_is_refused_where_a_gpu_has_no_fp8():
     fp8 = TrainingSpec(global_batch_size=16, seq_len=2048, precision="fp8")
     bf16 = TrainingSpec(global_batch_size=16, seq_len=2048, precision="bf16")
     cluster = make_cluster("h", [{"name": "h100", "gpu": "H100", "nodes": 1, "gpus_per_node": 8, "nic_gbps": 3200}])
-    a = solve(cluster, "llama-2-7b", fp8, time_limit_s=20, multi_pipeline=False)
-    b = solve(cluster, "llama-2-7b", bf16, time_limit_s=20, multi_pipeline=False)
+    a = solve(cluster, "llama-2-7b", fp8, time_limit_s=20, options=SINGLE)
+    b = solve(cluster, "llama-2-7b", bf16, time_limit_s=20, options=SINGLE)
     assert a.precision == "fp8" and a.step_time_s < b.step_time_s
     with pytest.raises(SpecError) as exc:
         solve(load_cluster("tiny-mixed"), "llama-2-7b", fp8, time_limit_s=5)
