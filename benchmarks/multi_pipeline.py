@@ -7,7 +7,7 @@ For OPT-350M, GPT-Neo-2.7B and Llama-3-8B on A100-40 + V100-16 clusters of 32, 9
 
 - **single**: ``solve(..., multi_pipeline=False)``, the single-pipeline search with the whole time limit;
 - **multi**: the best plan of 2..R_max pipelines the multi-pipeline level found (templates + level-2
-  MIP, tangram_opt/planner/multi.py), whatever the single pipeline achieved;
+  MIP, tangram_opt/planner/multi_pipeline/), whatever the single pipeline achieved;
 - **MIP**: what ``solve(...)`` returns by default with the same time limit (70% for the
   single-pipeline search, the rest for the multi-pipeline level; the better of the two).
 
