@@ -33,6 +33,8 @@ _LAZY = {
     "solve": "tangram_opt.planner.search",
     "SearchEvent": "tangram_opt.planner.search",
     "SearchOptions": "tangram_opt.planner.search",
+    "launch_price": "tangram_opt.planner.search",
+    "LaunchPrice": "tangram_opt.planner.search",
     "MultiPipelineOptions": "tangram_opt.planner.multi_pipeline",
     "SearchSpace": "tangram_opt.planner.space",
     "Plan": "tangram_opt.planner.plan",

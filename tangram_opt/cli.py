@@ -228,6 +228,10 @@ docs: docs/cli.md""")
     pl.add_argument("--micro-batch-sizes", type=_int_list, metavar="LIST",
                     help="allowed per-rank micro-batch sizes (default 1,2,4,8)")
     pl.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    pl.add_argument("--launch", choices=("megatron", "deepspeed", "torchtitan"), default=None,
+                    help="search only plans this framework runs as one job (every stage the same layout, one "
+                         "pipeline), certified in that space, and print the price of the stock launch against the "
+                         "whole space (half the time limit each)")
     pl.add_argument("--profiles", metavar="PATH",
                     help="measured layer profiles: a file or a directory of them ('tangram-opt profile' writes them); "
                          "they replace computed compute time for the GPU types they cover")
@@ -566,12 +570,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _note(f"planning {model.name} on {cluster.name} ({cluster.num_gpus} GPUs): global batch "
           f"{training.global_batch_size} x {training.seq_len} tokens, {training.precision}, backend {backend}")
     calibration, profiles = _cost_inputs(args, cluster, model, training)
+    price = None
     with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet) as progress:
-        plan = solve(cluster, model, training, time_limit_s=args.time_limit, backend=backend, threads=args.threads,
-                     seed=args.seed, rel_gap=args.gap, space=space,
-                     options=SearchOptions(warm_start=not args.no_warm_start),
-                     calibration=calibration, profiles=profiles, on_progress=progress)
+        common = dict(backend=backend, threads=args.threads, seed=args.seed, rel_gap=args.gap, space=space,
+                      options=SearchOptions(warm_start=not args.no_warm_start), calibration=calibration,
+                      profiles=profiles, on_progress=progress)
+        if args.launch:
+            from tangram_opt.planner.search import launch_price
+            from tangram_opt.planner.search.launch import check_launch, launch_calibration
+
+            rules = check_launch(args.launch, training.precision, model)
+            _note(f"launch target {args.launch}: searching plans it runs as one job, then the whole space "
+                  "(half the time each) for the price of a stock launch")
+            price = launch_price(cluster, model, training, launch=args.launch, time_limit_s=args.time_limit,
+                                 **common)  # type: ignore[arg-type]
+            plan = price.launch_plan
+            calibration = launch_calibration(rules, calibration)  # what the plan was priced with
+        else:
+            plan = solve(cluster, model, training, time_limit_s=args.time_limit, **common)  # type: ignore[arg-type]
     _print(summary_renderable(plan), args.width)
+    if price is not None:
+        _print(price.describe(), args.width)
     kept = tuple(profiles) if profiles is not None else ()
     if args.output:
         path = save_plan_file(args.output, plan, cluster=cluster, model=model, training=training,

@@ -33,8 +33,12 @@ def _checked(plan, cluster, model, training, kwargs):  # type: ignore[no-untyped
     cluster, model, training = planning_inputs(cluster, model, training)
     problems = [str(v) for v in validate(plan, cluster, model, training)]
     if not problems:
-        res = simulate(plan, cluster, model, training,
-                       calibration=calibration_input(kwargs.get("calibration")),
+        calibration = calibration_input(kwargs.get("calibration"))
+        if kwargs.get("launch") is not None:  # priced with the framework's runtime (gradient-sync overlap)
+            from tangram_opt.planner.search.launch import launch_calibration, launch_rules
+
+            calibration = launch_calibration(launch_rules(kwargs["launch"]), calibration)
+        res = simulate(plan, cluster, model, training, calibration=calibration,
                        profiles=profiles_input(kwargs.get("profiles"), model, training),
                        moe_load_imbalance=float(imbalance))
         problems = res.check(plan, rtol=RTOL)

@@ -119,7 +119,7 @@ _MEGATRON_OTHER = {"--micro-batch-size", "--global-batch-size", "--seq-length", 
                    "--position-embedding-type", "--untie-embeddings-and-output-weights", "--use-distributed-optimizer",
                    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--rotary-base",
                    "--use-rope-scaling", "--rope-scaling-factor", "--group-query-attention", "--swiglu",
-                   "--disable-bias-linear"}
+                   "--disable-bias-linear", "--overlap-grad-reduce", "--overlap-param-gather"}
 
 
 def _argv_dict(argv: list[str]) -> dict[str, object]:

@@ -26,7 +26,8 @@ def _blocks(lang: str) -> list[str]:
 
 def test_generated_tables_are_current():
     gen = _gen()
-    for table in (gen.gpu_table(), gen.link_table(), gen.preset_table(), gen.architecture_table()):
+    for table in (gen.gpu_table(), gen.link_table(), gen.preset_table(), gen.architecture_table(),
+                  gen.price_table()):
         assert table in DOC, "run: python docs/user_guide/_gen_tables.py and paste its output into inputs.md"
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from tangram_opt.export.parts import Part, heterogeneity_notes, homogeneous_parts
 from tangram_opt.planner.plan import Plan
+from tangram_opt.specs.frameworks import FRAMEWORKS, TORCHTITAN_RECIPES
 from tangram_opt.specs.model import ModelSpec
 
-#: frameworks :func:`launchable` knows
-FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 #: torchtitan release lines the export writes: "0.3" (current, command-line overrides) and "0.2" (TOML)
 TORCHTITAN_VERSIONS = ("0.3", "0.2")
 
@@ -126,14 +125,6 @@ def _job_reasons(plan: Plan, parts: tuple[Part, ...], framework: str, model: Mod
         out.append(f"torchtitan has no model definition and config for {model.name} ({model.architecture}): write a "
                    "config_registry function for it, or use Megatron-LM")
     return out
-
-
-#: (torchtitan module, config function) of the presets torchtitan 0.3 defines
-TORCHTITAN_RECIPES = {
-    "llama-3-8b": ("llama3", "llama3_8b"), "llama-3-70b": ("llama3", "llama3_70b"),
-    "llama-3-405b": ("llama3", "llama3_405b"), "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
-    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"), "deepseek-v2-lite": ("deepseek_v3", "deepseek_v3_16b"),
-}
 
 
 def _torchtitan_recipe(model: ModelSpec) -> tuple[str, str] | None:

@@ -294,15 +294,20 @@ def layout(stages: tuple[StagePlan, ...] | list[StagePlan]) -> str:
 
 
 def _zero_args(part: Part) -> tuple[list[str], list[str]]:
-    if part.zero == 0:
-        return [], []
+    # the cost model overlaps the gradient reduction with the backward and, with a sharded optimizer,
+    # the parameter all-gather with the next forward (docs/cost_model.md §3.2): Megatron-LM does so with
+    # --overlap-grad-reduce / --overlap-param-gather (validate_args: the latter needs the former and the
+    # distributed optimizer); Megatron-FSDP's optim_grads_params turns both on by itself
     if part.dp * part.cp == 1:
-        return [], [f"ZeRO-{part.zero} over a data-parallel group of 1 rank shards nothing: no flag needed"]
+        return [], ([f"ZeRO-{part.zero} over a data-parallel group of 1 rank shards nothing: no flag needed"]
+                    if part.zero else [])
+    if part.zero == 0:
+        return ["--overlap-grad-reduce"], []
     if part.zero in (1, 2):
         notes = ["ZeRO-2 planned: Megatron's distributed optimizer shards optimizer state and fp32 main weights; "
                  "its 16-bit gradient buffer stays whole (the plan's memory assumed gradient sharding)"] \
             if part.zero == 2 else []
-        return ["--use-distributed-optimizer"], notes
+        return ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], notes
     return (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
              "--ckpt-format", "fsdp_dtensor"], ["ZeRO-3 -> Megatron-FSDP (optim_grads_params)"])
 

@@ -3,7 +3,9 @@
 A :class:`Cluster` is a tuple of :class:`NodeGroup` (``num_nodes`` nodes of one :class:`NodeSpec`
 in one zone) plus :class:`ZoneLink` figures between zones. File fields carry their units in their
 names (``nic_gbps`` is Gb/s per node, ``intra_node_gbs`` GB/s per GPU per direction) and are
-converted once, here, to bytes/s.
+converted once, here, to bytes/s. Prices are optional and stay in US dollars
+(``price_per_gpu_hour`` per node group, ``egress_usd_per_gb`` per zone link;
+:mod:`tangram_opt.specs.pricing` resolves defaults and validates them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tangram_opt import units as u
 from tangram_opt.errors import SpecError
 from tangram_opt.specs import _check
 from tangram_opt.specs._io import load_structured_file
+from tangram_opt.specs.pricing import EGRESS_PRICE_FIELD, GROUP_PRICE_FIELD, reject_price_typos, usd_amount
 from tangram_opt.specs.hardware import GPUType, get_gpu_type, get_link, gpu_type_from_dict
 
 DEFAULT_ZONE = "default"
@@ -52,12 +55,18 @@ class NodeSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeGroup:
-    """``num_nodes`` identical nodes in one zone."""
+    """``num_nodes`` identical nodes in one zone.
+
+    ``usd_per_gpu_hour`` is the cluster file's ``price_per_gpu_hour`` (reserved, spot or negotiated),
+    or ``None`` for the default on-demand price of the GPU type (:func:`tangram_opt.specs.pricing.group_price`).
+    It is not part of :class:`NodeSpec`: a price does not change what a stage costs in time.
+    """
 
     name: str
     node: NodeSpec
     num_nodes: int
     zone: str = DEFAULT_ZONE
+    usd_per_gpu_hour: float | None = None
 
     @property
     def num_gpus(self) -> int:
@@ -70,12 +79,14 @@ class NodeGroup:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZoneLink:
-    """Aggregate bandwidth (per direction) and latency between two zones."""
+    """Aggregate bandwidth (per direction) and latency between two zones; optionally the price of
+    moving data across (``egress_usd_per_gb``: USD per 10^9 bytes, both sides' charges included)."""
 
     zone_a: str
     zone_b: str
     bw_bytes_per_s: float
     latency_s: float
+    egress_usd_per_gb: float | None = None
 
     def joins(self, a: str, b: str) -> bool:
         return {a, b} == {self.zone_a, self.zone_b}
@@ -162,11 +173,14 @@ class Cluster:
              "intra_node_gbs": g.node.intra_node_bw_bytes_per_s / u.GB_PER_S,
              "intra_node_latency_us": g.node.intra_node_latency_s / u.US,
              "nic_gbps": g.node.nic_bw_bytes_per_s / u.GBIT_PER_S,
-             "nic_latency_us": g.node.nic_latency_s / u.US, "zone": g.zone}
+             "nic_latency_us": g.node.nic_latency_s / u.US, "zone": g.zone,
+             **({} if g.usd_per_gpu_hour is None else {GROUP_PRICE_FIELD: g.usd_per_gpu_hour})}
             for g in self.node_groups]
         if self.zone_links:
             out["zone_links"] = [{"zones": [z.zone_a, z.zone_b], "gbps": z.bw_bytes_per_s / u.GBIT_PER_S,
-                                  "latency_ms": z.latency_s / u.MS} for z in self.zone_links]
+                                  "latency_ms": z.latency_s / u.MS,
+                                  **({} if z.egress_usd_per_gb is None else {EGRESS_PRICE_FIELD: z.egress_usd_per_gb})}
+                                 for z in self.zone_links]
         return out
 
 
@@ -179,9 +193,9 @@ def _gpu_to_dict(g: GPUType) -> dict[str, Any]:
 
 
 _GROUP_FIELDS = ("name", "gpu", "nodes", "gpus_per_node", "intra_node_link", "intra_node_gbs",
-                 "intra_node_latency_us", "nic_gbps", "nic_latency_us", "zone")
+                 "intra_node_latency_us", "nic_gbps", "nic_latency_us", "zone", GROUP_PRICE_FIELD)
 _CLUSTER_FIELDS = ("name", "description", "gpu_types", "node_groups", "zone_links")
-_ZONE_FIELDS = ("zones", "gbps", "latency_ms")
+_ZONE_FIELDS = ("zones", "gbps", "latency_ms", EGRESS_PRICE_FIELD)
 
 
 def cluster_from_dict(data: Any, *, source: str = "") -> Cluster:
@@ -224,6 +238,7 @@ def cluster_from_dict(data: Any, *, source: str = "") -> Cluster:
 def _group_from_dict(d: Any, i: int, custom: Mapping[str, GPUType], source: str) -> NodeGroup:
     f = f"node_groups[{i}]"
     _check.mapping(f, d, source=source)
+    reject_price_typos(f, d, _GROUP_FIELDS, price_field=GROUP_PRICE_FIELD, unit="USD per GPU-hour", source=source)
     _check.no_unknown_keys(f, d, _GROUP_FIELDS, source=source)
     gpu = get_gpu_type(_check.required(f, d, "gpu", source=source, hint="add gpu: (e.g. A100-80)"),
                        field=f"{f}.gpu", extra=custom, source=source)
@@ -246,12 +261,15 @@ def _group_from_dict(d: Any, i: int, custom: Mapping[str, GPUType], source: str)
     spec = NodeSpec(gpu=gpu, gpus_per_node=per_node, intra_node_link=link.name, intra_node_bw_bytes_per_s=intra_bw,
                     intra_node_latency_s=intra_lat, nic_bw_bytes_per_s=nic, nic_latency_s=nic_lat)
     name = d.get("name") or f"{gpu.name.lower()}-{i}"
-    return NodeGroup(name=str(name), node=spec, num_nodes=nodes, zone=zone)
+    price = (None if d.get(GROUP_PRICE_FIELD) is None
+             else usd_amount(f"{f}.{GROUP_PRICE_FIELD}", d[GROUP_PRICE_FIELD], source=source))
+    return NodeGroup(name=str(name), node=spec, num_nodes=nodes, zone=zone, usd_per_gpu_hour=price)
 
 
 def _zone_link_from_dict(d: Any, i: int, source: str) -> ZoneLink:
     f = f"zone_links[{i}]"
     _check.mapping(f, d, source=source)
+    reject_price_typos(f, d, _ZONE_FIELDS, price_field=EGRESS_PRICE_FIELD, unit="USD per GB", source=source)
     _check.no_unknown_keys(f, d, _ZONE_FIELDS, source=source)
     zones = _check.required(f, d, "zones", source=source, hint="add zones: [zone-a, zone-b]")
     if not isinstance(zones, list) or len(zones) != 2 or zones[0] == zones[1]:
@@ -259,8 +277,11 @@ def _zone_link_from_dict(d: Any, i: int, source: str) -> ZoneLink:
                         source=source)
     bw = _check.positive_float(f"{f}.gbps", _check.required(f, d, "gbps", source=source), source=source)
     lat = _check.positive_float(f"{f}.latency_ms", d.get("latency_ms", 1.0), source=source, allow_zero=True)
+    egress = (None if d.get(EGRESS_PRICE_FIELD) is None
+              else usd_amount(f"{f}.{EGRESS_PRICE_FIELD}", d[EGRESS_PRICE_FIELD], source=source, unit="USD per GB",
+                              example="0.02"))
     return ZoneLink(zone_a=str(zones[0]), zone_b=str(zones[1]), bw_bytes_per_s=bw * u.GBIT_PER_S,
-                    latency_s=lat * u.MS)
+                    latency_s=lat * u.MS, egress_usd_per_gb=egress)
 
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "clusters"

@@ -7,11 +7,13 @@
 - :mod:`.branch_and_bound`: :class:`BranchAndBound`, the tree: roots, window bounds, splits, node
   selection, worker processes and the certificate;
 - :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
-- :mod:`.primal`: primal heuristics (restricted search, knapsack covers).
+- :mod:`.primal`: primal heuristics (restricted search, knapsack covers);
+- :mod:`.launch`: the plan space of a launch target (plans one framework job runs) and its search.
 """
 
-from tangram_opt.planner.search.api import solve, solve_single_pipeline
+from tangram_opt.planner.search.api import LaunchPrice, launch_price, solve, solve_single_pipeline
 from tangram_opt.planner.search.nodes import SearchEvent
 from tangram_opt.planner.search.options import FORMULATIONS, SearchOptions
 
-__all__ = ["FORMULATIONS", "SearchEvent", "SearchOptions", "solve", "solve_single_pipeline"]
+__all__ = ["FORMULATIONS", "LaunchPrice", "SearchEvent", "SearchOptions", "launch_price", "solve",
+           "solve_single_pipeline"]

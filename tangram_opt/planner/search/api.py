@@ -13,7 +13,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | str | Path | None = None,
           expert_loads: Any = None, moe_load_imbalance: float | Callable[[int, int], float] = 1.0,
           provider: CandidateProvider | None = None, options: SearchOptions | None = None,
-          **legacy_knobs: Any) -> Plan:
+          launch: str | None = None, **legacy_knobs: Any) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
     Returns the best plan found with a :class:`~tangram_opt.planner.plan.Certificate` (incumbent,
@@ -82,6 +82,10 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       ``moe_load_imbalance`` sets that ratio directly (a number >= 1, or a function of
       ``(ep, gpus_per_node)``);
     - ``provider``: another source of candidate rows (another homogeneous planner, measured tables);
+    - ``launch``: "megatron", "deepspeed" or "torchtitan": search only plans that framework runs
+      as one job (every stage the same tp, cp, ep, dp, ZeRO stage, recomputation and micro-batch;
+      one pipeline; the framework's limits and its gradient-reduction overlap; launch.py); the
+      certificate is over that space. None: the whole plan space;
     - ``options``: the research knobs (:class:`SearchOptions`: formulation, windows, cuts, leaves,
       warm start, the multi-pipeline level). The keywords these had before (``formulation=``,
       ``multi_pipeline=``, ...) are still accepted, with a DeprecationWarning.
@@ -95,6 +99,12 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     calibration = calibration_input(calibration)
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
+    if launch is not None:
+        return _solve_launch(cluster, model, training, launch=launch, options=options, space=space,
+                             calibration=calibration, profiles=profiles, provider=provider,
+                             moe_load_imbalance=moe_load_imbalance, expert_loads=expert_loads, backend=backend,
+                             time_limit_s=time_limit_s, threads=threads, seed=seed, rel_gap=rel_gap,
+                             on_progress=on_progress, t0=t0)
     single_limit_s = time_limit_s * (tuning.MULTI_PIPELINE_SINGLE_SHARE if options.multi_pipeline else 1.0)
     knobs = options.resolved(space.schedule, single_limit_s)
     if expert_loads is not None:
@@ -114,6 +124,77 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
                                    t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
                                    options=knobs.multi_pipeline_options)
     return _attach_expert_placement(plan, moe_load_imbalance)
+
+
+def _solve_launch(cluster: Cluster, model: ModelSpec, training: TrainingSpec, *, launch: str,
+                  options: SearchOptions, space: SearchSpace, calibration: Calibration | None,
+                  profiles: ProfileSet | None, provider: CandidateProvider | None, moe_load_imbalance: Any,
+                  expert_loads: Any, backend: str, time_limit_s: float, threads: int, seed: int, rel_gap: float,
+                  on_progress: Callable[[SearchEvent], None] | None, t0: float) -> Plan:
+    """``solve(..., launch=target)``: the launch space of ``target`` (launch.py)."""
+    from tangram_opt.planner.search.launch import check_launch, launch_calibration, solve_launch
+
+    rules = check_launch(launch, training.precision, model)
+    if provider is not None:
+        raise SpecError("provider", type(provider).__name__, "cannot be combined with launch=", "drop one of them")
+    if options.multi_pipeline_options is not None:
+        raise SpecError("options.multi_pipeline_options", options.multi_pipeline_options,
+                        "is given with launch=: a launch target runs one pipeline", "drop it")
+    knobs = replace(options, multi_pipeline=False).resolved(space.schedule, time_limit_s)
+    if expert_loads is not None:
+        from tangram_opt.experts import ImbalanceModel
+
+        moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
+    ctx = PlanningContext(cluster, model, training, space=space, calibration=launch_calibration(rules, calibration),
+                          moe_load_imbalance=moe_load_imbalance, profiles=profiles)
+    plan = solve_launch(ctx, rules, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
+                        rel_gap=rel_gap, knobs=knobs, on_progress=on_progress, t0=t0)
+    return _attach_expert_placement(plan, moe_load_imbalance)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPrice:
+    """What a stock launch costs: the best plan ``launch`` runs as one job against the best plan of
+    the whole space (and the greedy plan), each with its certificate."""
+
+    launch: str
+    launch_plan: Plan
+    free_plan: Plan
+    greedy_step_s: float | None
+
+    @property
+    def price(self) -> float:
+        """Relative step-time increase of the launchable plan over the unrestricted one."""
+        return self.launch_plan.step_time_s / self.free_plan.step_time_s - 1
+
+    def describe(self) -> str:
+        free_cert = self.free_plan.certificate
+        bound = f", within {100 * free_cert.gap:.2f}% of its best" if free_cert is not None and free_cert.gap \
+            is not None else ""
+        greedy = f"; the greedy plan {self.greedy_step_s:.4g} s" if self.greedy_step_s is not None else ""
+        return (f"price of a stock {self.launch} launch: {self.launch_plan.step_time_s:.4g} s per step against "
+                f"{self.free_plan.step_time_s:.4g} s for the best plan of the whole space{bound} "
+                f"({100 * self.price:+.1f}%){greedy}")
+
+
+def launch_price(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | str | Path | None = None,
+                 *, launch: str, time_limit_s: float = 60.0, launch_share: float = 0.5, **kwargs: Any) -> LaunchPrice:
+    """Plan with ``launch`` (``launch_share`` of ``time_limit_s``) and without (the rest), and the
+    greedy plan: :class:`LaunchPrice` (``tangram-opt plan --launch`` prints it). ``kwargs`` go to
+    both :func:`solve` calls."""
+    if not (isinstance(launch_share, (int, float)) and 0 < launch_share < 1):
+        raise SpecError("launch_share", launch_share, "must be a fraction in (0, 1)", "e.g. 0.5")
+    t0 = time.perf_counter()
+    cluster, model, training = planning_inputs(cluster, model, training)
+    launch_plan = solve(cluster, model, training, time_limit_s=time_limit_s * launch_share, launch=launch, **kwargs)
+    rest = max(0.0, time_limit_s - (time.perf_counter() - t0))
+    free_plan = solve(cluster, model, training, time_limit_s=rest, **kwargs)
+    greedy = None
+    if free_plan.certificate is not None:
+        for note in free_plan.certificate.notes:
+            if note.startswith("greedy warm start "):
+                greedy = float(note.split()[3])
+    return LaunchPrice(launch=launch, launch_plan=launch_plan, free_plan=free_plan, greedy_step_s=greedy)
 
 
 def solve_single_pipeline(cluster: Cluster | str, model: ModelSpec | str, training: Any = None, **kwargs: Any) -> Plan:
@@ -230,5 +311,6 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
     return replace(plan, expert_placement=info)
 
 
-__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_SEQ_LEN", "LEGACY_KNOBS", "calibration_input", "check_numbers",
-           "default_training", "planning_inputs", "profiles_input", "solve", "solve_single_pipeline"]
+__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_SEQ_LEN", "LEGACY_KNOBS", "LaunchPrice", "calibration_input",
+           "check_numbers", "default_training", "launch_price", "planning_inputs", "profiles_input", "solve",
+           "solve_single_pipeline"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import replace
 from typing import Any
@@ -56,8 +56,15 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
                  knapsack: bool = True, order_rows: bool = True, leaf_ratio: float | None = None,
                  primal_backoff: bool = True, sequence: bool = True, first_pass: bool = True,
                  pool: SolverPool | None = None,
-                 on_progress: Callable[[SearchEvent], None] | None, t0: float):
+                 on_progress: Callable[[SearchEvent], None] | None, t0: float,
+                 subproblems: Mapping[int, tuple[PipelineProblem, str]] | None = None,
+                 plan_space: str | None = None):
         self.ctx = ctx
+        #: the sub-problems to search instead of the context's (one per pipeline micro-batch size):
+        #: key -> (problem, label), e.g. one per uniform configuration of a launch target
+        #: (launch.py); their candidates are what a plan may use, their bounds make the certificate
+        self.given_subs = dict(subproblems) if subproblems is not None else None
+        self.plan_space = plan_space
         self.backend, self.time_limit_s, self.threads, self.seed = backend, time_limit_s, threads, seed
         self.rel_gap, self.formulation, self.fluid_cuts = rel_gap, formulation, fluid_cuts
         self.knapsack, self.order_rows, self.primal_backoff = knapsack, order_rows, primal_backoff
@@ -105,6 +112,12 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
         multi = min(parts) if parts else (math.inf if sub.status != "open" else sub.lower_bound_s)
         single = sub.single_s if sub.single_s is not None else math.inf
         return max(self.floor.get(sub.b, -math.inf), min(multi, single))
+
+    def tag(self, key: int) -> str:
+        """How progress messages name a sub-problem: its pipeline micro-batch size, or its label."""
+        sub = self.subs.get(key)
+        label = sub.info.get("label") if sub is not None else None
+        return label or f"b={key}"
 
     def pending(self) -> list[Node]:
         """Nodes not closed: open ones and leaves being solved by a worker."""
@@ -159,16 +172,21 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
 
     def _run(self) -> Plan:
         ctx = self.ctx
-        for b in ctx.pipeline_micro_batches():
-            prob = ctx.problem(b)
-            self.subs[b] = SubProblem(b=b, problem=prob, lower_bound_s=quick_lower_bound(prob))
+        if self.given_subs is not None:
+            for key, (prob, label) in self.given_subs.items():
+                self.subs[key] = SubProblem(b=key, problem=prob, lower_bound_s=quick_lower_bound(prob))
+                self.subs[key].info["label"] = label
+        else:
+            for b in ctx.pipeline_micro_batches():
+                prob = ctx.problem(b)
+                self.subs[b] = SubProblem(b=b, problem=prob, lower_bound_s=quick_lower_bound(prob))
         live = [s for s in self.subs.values() if s.problem.candidates]
         for s in self.subs.values():
             if not s.problem.candidates:
                 s.status = "no candidate fits"
         if not live:
             raise _nothing_fits(ctx)
-        if self.warm_start:
+        if self.warm_start and self.given_subs is None:
             # the greedy across islands, and the same construction on each island alone (so the
             # search starts no worse than a homogeneous plan of any island)
             self.seeds = greedy_by_micro_batch(ctx, thorough=True)
@@ -180,7 +198,8 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
                 sub.single_s = one[0]
                 self.offer(sub.b, one[1], one[0])
         self.emit("start")
-        if self.warm_start and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
+        if self.warm_start and self.given_subs is None \
+                and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
             self.restricted_primal(live)
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
@@ -399,7 +418,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
             sub.status = "pruned by bound"
             self.closed_bounds.setdefault(sub.b, []).append(sub.lower_bound_s)
             return
-        if self.ctx.max_stages < 2:
+        if sub.problem.max_stages < 2:
             sub.status = "optimal (one stage)"
             return
         m = sub.problem.num_micro_batches
@@ -512,7 +531,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
                 self.close(child, child.bound_s)
             else:
                 heapq.heappush(self.open, child)
-        self.emit(f"b={node.b}: split {node.describe()}")
+        self.emit(f"{self.tag(node.b)}: split {node.describe()}")
 
 
     def finish(self) -> Plan:
@@ -531,12 +550,13 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
         b, choices = self.inc
         pipe = pipeline_plan(ctx, self.subs[b].problem, choices)
         self.emit("done")
-        space_text = ctx.space.describe() + f"; at most {ctx.max_stages} stages"
+        space_text = self.plan_space or (ctx.space.describe() + f"; at most {ctx.max_stages} stages")
         if len(ctx.kinds) == 2 and self.formulation == "aggregated":
             space_text += "; dense-first layers all on the first stage"
         rows = []
         for s in self.subs.values():
-            rows.append({"pipeline_micro_batch": s.b, "micro_batches": s.problem.num_micro_batches,
+            rows.append({"pipeline_micro_batch": s.problem.pipeline_micro_batch,
+                         "micro_batches": s.problem.num_micro_batches,
                          "status": s.status, "quick_bound_s": s.lower_bound_s, "bound_s": self.sub_bound(s),
                          "objective_s": s.objective_s, "one_stage_s": s.single_s, "solve_time_s": s.solve_time_s,
                          "candidates": len(s.problem.candidates), **s.info})

@@ -83,7 +83,7 @@ class LeafSolves:
         if res.status == SolveStatus.ERROR:
             self.close(node, node.bound_s)
             sub.info["last_status"] = f"error: {res.message}"
-            self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
+            self.emit(f"{self.tag(node.b)}: window {node.describe()} {res.status.value}")
             return
         if res.values is not None:
             # the aggregated model relaxes p2p and tail terms: evaluate every reported solution exactly
@@ -121,7 +121,7 @@ class LeafSolves:
                 # time ran out: keep the window open with its better bound and more time next turn
                 node.bound_s, node.tries = b, node.tries + 1
                 heapq.heappush(self.open, node)
-        self.emit(f"b={node.b}: window {node.describe()} {res.status.value}")
+        self.emit(f"{self.tag(node.b)}: window {node.describe()} {res.status.value}")
 
     def solve_sequence(self, node: Node) -> None:
         """Solve a leaf of one window and one stage count with the sequence model (exact in the
@@ -199,7 +199,7 @@ class LeafSolves:
         else:
             self.close(node, node.bound_s)
             sub.info["last_status"] = f"error: {res.message}"
-        self.emit(f"b={node.b}: sequence {node.describe()} {res.status.value}")
+        self.emit(f"{self.tag(node.b)}: sequence {node.describe()} {res.status.value}")
 
     def refine(self, node: Node, mip: AggregatedMIP, res: Any, budget: float) -> Any:
         """Tighten a window whose model optimum lies below the incumbent.
