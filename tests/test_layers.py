@@ -45,7 +45,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("baselines and the multi-pipeline level", ("tangram_opt.baselines", "tangram_opt.planner.multi_pipeline")),
     ("search", ("tangram_opt.planner.search",)),
     ("consumers", ("tangram_opt.sim", "tangram_opt.export", "tangram_opt.show", "tangram_opt.analysis",
-                   "tangram_opt.testing", "tangram_opt.profiling", "tangram_opt.calibrate")),
+                   "tangram_opt.testing", "tangram_opt.profiling", "tangram_opt.calibrate", "tangram_opt.costing",
+                   "tangram_opt.sweeps")),
     ("command line", ("tangram_opt.cli", "tangram_opt.__main__")),
 )
 #: modules that see only candidate tables (rule 2)

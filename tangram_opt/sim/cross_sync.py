@@ -38,7 +38,11 @@ from tangram_opt.specs.cluster import Cluster
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CrossSyncResult:
-    """The cross-pipeline all-reduce of one plan; ``time_s = max(nic_s, zone_s) + latency_s``."""
+    """The cross-pipeline all-reduce of one plan; ``time_s = max(nic_s, zone_s) + latency_s``.
+
+    ``zone_link_bytes``: bytes the rings move across each zone link in one step, both directions
+    summed (``((zone_a, zone_b), bytes)``; what a per-GB transfer price applies to).
+    """
 
     pipelines: int
     nic_s: float
@@ -46,6 +50,7 @@ class CrossSyncResult:
     latency_s: float
     all_reduces: int
     slowest: str
+    zone_link_bytes: tuple[tuple[tuple[str, str], float], ...] = ()
 
     @property
     def time_s(self) -> float:
@@ -107,6 +112,7 @@ def cross_pipeline_allreduce(plan: Plan, cluster: Cluster, cost: CostModel) -> C
     for piece, who in owners.items():
         reduces.setdefault(tuple(sorted(who)), []).append(piece)
     link_load: dict[tuple[str, str], float] = {}
+    moved: dict[tuple[str, str], float] = {}
     per_stage_latency: dict[tuple[int, int], float] = {}
     for who, pieces in reduces.items():
         sts = [plan.pipelines[p].stages[k] for p, k in who]
@@ -119,6 +125,8 @@ def cross_pipeline_allreduce(plan: Plan, cluster: Cluster, cost: CostModel) -> C
             nbytes = sum(full[p] for p in pieces)
             for a, b in crossings:
                 link_load[(a, b)] = link_load.get((a, b), 0.0) + ring * nbytes
+                # the ring crosses a two-zone boundary once each way, else each crossing once
+                moved[(a, b)] = moved.get((a, b), 0.0) + (2 if len(zones) == 2 else 1) * ring * nbytes
             latency += max(cluster.zone_link(a, b).latency_s for a, b in crossings)  # type: ignore[union-attr]
         for key in who:
             per_stage_latency[key] = per_stage_latency.get(key, 0.0) + hops * latency
@@ -130,7 +138,7 @@ def cross_pipeline_allreduce(plan: Plan, cluster: Cluster, cost: CostModel) -> C
             if t > nic_s:
                 slowest = f"zone link {a}->{b}"
     return CrossSyncResult(pipelines=R, nic_s=nic_s, zone_s=zone_s, latency_s=max(per_stage_latency.values()),
-                           all_reduces=len(reduces), slowest=slowest)
+                           all_reduces=len(reduces), slowest=slowest, zone_link_bytes=tuple(sorted(moved.items())))
 
 
 def allreduce_hook(cluster: Cluster, cost: CostModel):  # type: ignore[no-untyped-def]
