@@ -52,6 +52,9 @@ _LAZY = {
     "Calibration": "tangram_opt.cost",
     "StageConfig": "tangram_opt.cost",
     "available_backends": "tangram_opt.solvers",
+    "plan_cost": "tangram_opt.costing",
+    "sweep": "tangram_opt.sweeps",
+    "load_sweep": "tangram_opt.sweeps",
 }
 
 

@@ -1,7 +1,7 @@
 """``tangram-opt``: plan, show, simulate and export from the command line.
 
 Verbs (``tangram-opt <verb> --help`` for each): ``plan``, ``show``, ``simulate``, ``islands``,
-``clusters``, ``models``, ``experts``, ``profile``, ``calibrate``, ``bench``. Exit codes (docs/cli.md):
+``clusters``, ``models``, ``experts``, ``profile``, ``calibrate``, ``bench``, ``sweep``. Exit codes (docs/cli.md):
 
 ====  ==========================================================================================
 0     success (``plan``: a plan was found)
@@ -167,6 +167,11 @@ EXAMPLES = {
   tangram-opt bench --quick
   tangram-opt bench --scenarios h100-64-llama-3-8b --out /tmp/bench   # other arguments go to benchmarks.run
   tangram-opt bench -- --help                                   # benchmarks.run's own help
+""",
+    "sweep": """examples:
+  tangram-opt sweep benchmarks/sweeps/mixed-fleet.yaml --output sweep.csv --figure pareto.png
+  tangram-opt sweep my_sweep.yaml --workers 2 --time-limit 5 --gap 1%
+  tangram-opt sweep my_sweep.yaml --ray-address auto      # on a running Ray cluster (pip install 'tangram_opt[ray]')
 """,
     "islands": "examples:\n  tangram-opt islands --cluster h100-a100-l4\n",
     "clusters": "examples:\n  tangram-opt clusters\n",
@@ -357,6 +362,29 @@ docs: docs/cli.md""")
               "with the package). Arguments after -- are passed through.")
     be.add_argument("--quick", action="store_true", help="small instances only")
     be.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    # sweep -----------------------------------------------------------------------------------------
+    sw = verb("sweep", "plan every variant of a what-if sweep; table, CSV and Pareto figure of throughput vs $/h",
+              "Solve every variant of a sweep file (a base cluster, model and training run, and axes whose cartesian "
+              "product is swept: node counts, GPU types, prices, batch sizes, models), price each plan and print "
+              "the Pareto front of tokens/s against USD per hour. File format: docs/user_guide/costs_and_sweeps.md.")
+    sw.add_argument("sweep_file", metavar="SWEEP_FILE", help="sweep YAML/JSON file")
+    sw.add_argument("--output", "-o", metavar="CSV", help="write one row per variant (CSV)")
+    sw.add_argument("--figure", metavar="FILE", help="write the Pareto figure (.png/.svg/.pdf)")
+    sw.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                    help="local worker processes (default: the machine's cores; 1 = solve in this process)")
+    sw.add_argument("--ray-address", metavar="ADDR", default=None,
+                    help="solve on Ray instead: local (start a runtime here), auto, or ray://host:10001 "
+                         "(needs pip install 'tangram_opt[ray]')")
+    sw.add_argument("--time-limit", type=_seconds, default=None, metavar="S",
+                    help="solver time limit per variant in seconds (default: the file's, else 10)")
+    sw.add_argument("--gap", type=_gap, default=None, metavar="G", help="relative gap per variant, e.g. 1%% "
+                                                                          "(default: the file's, else solve's)")
+    sw.add_argument("--backend", default=None, help="MIP backend (default: the file's, else highs)")
+    sw.add_argument("--multi-pipeline", action=argparse.BooleanOptionalAction, default=None,
+                    help="search multi-pipeline plans too (default: the file's, else solve's: on)")
+    sw.add_argument("--quiet", "-q", action="store_true", help="no per-variant progress lines")
+    sw.add_argument("--width", type=_positive_int, default=None, help="table width in columns")
     return p
 
 
@@ -1051,10 +1079,72 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, cwd=root, env=env)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+
+    from tangram_opt.sweeps import RayUnavailableError, load_sweep, require_ray, sweep
+
+    spec = load_sweep(args.sweep_file)
+    if args.ray_address is not None:
+        try:
+            require_ray()
+        except RayUnavailableError as e:
+            raise ComponentUnavailable(str(e)) from None
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        raise SpecError("--output", args.output, "is in a directory that does not exist", "create it first")
+    if not args.quiet:
+        _note(f"sweep {spec.name!r}: {spec.size} variant(s) over {', '.join(a.key for a in spec.axes) or 'no axis'}")
+    done = [0]
+
+    def progress(row: dict[str, Any]) -> None:
+        done[0] += 1
+        if args.quiet:
+            return
+        what = row["status"]
+        if math.isfinite(row["tokens_per_s"]):
+            what += f", {row['tokens_per_s']:,.0f} tokens/s, ${row['usd_per_hour']:,.2f}/h"
+        elif row["message"]:
+            what += f": {row['message']}"
+        _note(f"[{done[0]:>{len(str(spec.size))}}/{spec.size}] {row['label']}: {what}")
+
+    try:
+        df = sweep(spec, workers=args.workers, ray_address=args.ray_address, figure=args.figure,
+                   time_limit_s=args.time_limit, backend=args.backend, rel_gap=args.gap,
+                   multi_pipeline=args.multi_pipeline, on_result=progress)
+    except RayUnavailableError as e:
+        raise ComponentUnavailable(str(e)) from None
+    front = df[df["pareto"]].sort_values(["model", "usd_per_hour", "variant"])
+    points: dict[tuple[str, float, float], list[Any]] = {}  # variants at the same point: one row
+    for _, r in front.iterrows():
+        points.setdefault((r["model"], round(r["usd_per_hour"], 6), round(r["tokens_per_s"], 3)), []).append(r)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("#", "variant", "GPUs used", "tokens/s", "$/h", "$/1M tokens", "gap", "same point"):
+        t.add_column(name, justify="left" if name in ("variant", "GPUs used") else "right")
+    for rows in points.values():
+        r = rows[0]
+        t.add_row(str(r["variant"]), str(r["label"]), str(r["gpu_mix"]), f"{r['tokens_per_s']:,.0f}",
+                  f"{r['usd_per_hour']:,.2f}", f"{r['usd_per_1m_tokens']:.4f}",
+                  "-" if not math.isfinite(r["gap"]) else f"{100 * r['gap']:.2f}%",
+                  f"+{len(rows) - 1}" if len(rows) > 1 else "")
+    counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
+    head = (f"{spec.name}: {len(df)} variants ({counts}), {df.attrs['distinct_solves']} distinct solve(s); "
+            f"Pareto front of tokens/s against USD per hour of the GPUs used (gap: certified, on the step time; "
+            f"same point: further variants with this plan's throughput and price):")
+    _print(Group(head, t), args.width)
+    if args.output:
+        df.drop(columns=["plan"]).to_csv(args.output, index=False)
+        _note(f"sweep table written: {args.output}")
+    if args.figure:
+        _note(f"Pareto figure written: {args.figure}")
+    return EXIT_OK
+
+
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan, "show": cmd_show, "simulate": cmd_simulate, "islands": cmd_islands, "clusters": cmd_clusters,
     "models": cmd_models, "experts": cmd_experts, "profile": cmd_profile, "calibrate": cmd_calibrate,
-    "bench": cmd_bench,
+    "bench": cmd_bench, "sweep": cmd_sweep,
 }
 
 

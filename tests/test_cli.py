@@ -348,3 +348,48 @@ def test_gap_takes_a_fraction_or_a_percentage():
     assert cli._gap("1%") == pytest.approx(0.01)
     assert cli._gap(" 0.5% ") == pytest.approx(0.005)
     assert cli._gap("0") == 0.0
+
+
+# --- sweep -------------------------------------------------------------------------------------------------
+
+SWEEP = """\
+name: two-prices
+cluster:
+  name: one-node
+  node_groups:
+    - {name: a100, gpu: A100-40, nodes: 1, nic_gbps: 400}
+model: opt-350m
+training: {global_batch_size: 16, seq_len: 1024}
+solve: {time_limit_s: 10, rel_gap: 0.01, multi_pipeline: false}
+axes:
+  node_groups.a100.price_per_gpu_hour: [2.0, 1.0]
+"""
+
+
+def test_sweep_prints_the_front_and_writes_the_table_and_figure(tmp_path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text(SWEEP)
+    res = run("sweep", str(f), "--output", str(tmp_path / "s.csv"), "--figure", str(tmp_path / "p.png"),
+              "--workers", "1")
+    assert res.returncode == cli.EXIT_OK, res.stderr
+    assert "2 variants" in res.stdout and "1 distinct solve" in res.stdout and "Pareto front" in res.stdout
+    assert "[1/2] a100.price_per_gpu_hour=2.0: " in res.stderr and "$16.00/h" in res.stderr  # 8 GPUs x $2
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("variant,label,node_groups.a100.price_per_gpu_hour")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_bad_axis_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text(SWEEP.replace("node_groups.a100.price_per_gpu_hour", "nodes.a100"))
+    assert_one_line_error(run("sweep", str(f)), cli.EXIT_BAD_INPUT, "axes.nodes.a100", "is not a known axis")
+
+
+def test_sweep_on_ray_without_ray_is_unavailable(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed")
+    f = tmp_path / "sweep.yaml"
+    f.write_text(SWEEP)
+    assert_one_line_error(run("sweep", str(f), "--ray-address", "local"), cli.EXIT_UNAVAILABLE, "tangram_opt[ray]")
