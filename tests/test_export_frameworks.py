@@ -516,3 +516,32 @@ def test_torchtitan_accepts_every_written_part_of_the_benchmark_plans(torchtitan
             _torchtitan_check_plan(plan, to.load_model(preset))
         except Exception as e:
             raise AssertionError(f"{name}: {e}") from e
+
+
+# --- the launch-target plans of the benchmark suite (benchmarks/launch_price.py) -------------------------
+
+LAUNCH_PLANS_DIR = PLANS_DIR.parent / "launch_plans"
+
+
+def _launch_target_plans() -> list[tuple[str, str, Plan]]:
+    out = []
+    for f in sorted(LAUNCH_PLANS_DIR.glob("*.json")):
+        target = f.stem.rsplit("-", 1)[1]
+        out.append((f.stem, target, Plan.load(f)))
+    return out
+
+
+LAUNCH_TARGET_PLANS = _launch_target_plans()
+
+
+def test_the_suite_has_launch_target_plans_of_every_framework():
+    assert {t for _, t, _ in LAUNCH_TARGET_PLANS} == {"megatron", "deepspeed", "torchtitan"}
+
+
+@pytest.mark.parametrize("name, target, plan", LAUNCH_TARGET_PLANS, ids=[x[0] for x in LAUNCH_TARGET_PLANS])
+def test_every_launch_target_plan_is_one_job_its_framework_accepts(mcore, deepspeed, torchtitan, name, target, plan):
+    model = to.load_model(plan.model)
+    assert launchable(plan, target, model=model) == [], name
+    check = {"megatron": lambda: _megatron_check_plan(plan, model), "deepspeed": lambda: _deepspeed_check_plan(plan),
+             "torchtitan": lambda: _torchtitan_check_plan(plan, model)}[target]
+    check()
