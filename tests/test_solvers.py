@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from tangram_opt.errors import SpecError
-from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, available_backends, get_backend, lsum,
-                                 solve_model)
+from tangram_opt.solvers import (LinExpr, LinearModel, SolveOptions, SolveStatus, available_backends, get_backend,
+                                 lsum, relative_gap, solve_model)
 
 BACKENDS = available_backends()
 
@@ -237,3 +237,246 @@ def test_cutoff_keeps_solutions_below_it_and_reports_infeasible_when_there_are_n
     m.set_hint({x: 0.0 for x in m.vars})  # a feasible hint above the cutoff changes nothing
     below = solve_model(m, backend, SolveOptions(time_limit_s=20, cutoff=best - 5))
     assert below.status == SolveStatus.INFEASIBLE and below.values is None
+
+
+# --- the objective's constant -------------------------------------------------------------------------------
+# LinearModel objectives are ``sum a_i x_i + const``. Every backend must report the incumbent objective and the
+# dual bound with the constant counted exactly once: CBC (through PuLP) never sees it and logs its numbers
+# without it, CP-SAT takes integer objectives only (the constant may be fractional), HiGHS, SCIP and CBC through
+# OR-Tools take it as the objective's offset.
+
+ITEMS_W = [3, 4, 5, 9, 2, 7, 6, 8]
+ITEMS_V = [4, 5, 7, 10, 3, 8, 6, 11]
+CONSTANTS = [0.0, 7.0, -7.0, 2.5, -2.75, 1000.25]
+
+
+def item_model(sense: str, integer: bool, const: float):
+    """``min sum v x + const`` over covers (sum w x >= 17), or ``max sum v x + const`` over packings
+    (sum w x <= 17) written as ``min -(sum v x + const)``; binaries or [0, 1] continuous."""
+    m = LinearModel(f"{sense}-{'mip' if integer else 'lp'}")
+    xs = [m.add_var(f"x{i}", 0, 1, integer=integer) for i in range(len(ITEMS_W))]
+    weight = lsum(w * x for w, x in zip(ITEMS_W, xs))
+    value = lsum(v * x for v, x in zip(ITEMS_V, xs))
+    if sense == "min":
+        m.add(weight >= 17, "cover")
+        m.minimize(value + const)
+    else:
+        m.add(weight <= 17, "pack")
+        m.minimize(-(value + const))
+    return m
+
+
+def item_optimum(sense: str, integer: bool) -> float:
+    """Optimum of ``sum v x`` (min over covers / max over packings) without the constant: enumeration for
+    binaries, the greedy by value per weight (exact for one row with [0, 1] bounds) for the LP."""
+    if integer:
+        values = []
+        for pick in itertools.product((0, 1), repeat=len(ITEMS_W)):
+            weight = sum(w * p for w, p in zip(ITEMS_W, pick))
+            if (weight >= 17) if sense == "min" else (weight <= 17):
+                values.append(sum(v * p for v, p in zip(ITEMS_V, pick)))
+        return min(values) if sense == "min" else max(values)
+    order = sorted(range(len(ITEMS_W)), key=lambda i: ITEMS_V[i] / ITEMS_W[i], reverse=(sense == "max"))
+    left, total = 17.0, 0.0
+    for i in order:
+        take = min(1.0, left / ITEMS_W[i])
+        total += take * ITEMS_V[i]
+        left -= take * ITEMS_W[i]
+        if left <= 0:
+            break
+    return total
+
+
+def gap_allowance(opt: float, const: float) -> float:
+    """How far below the optimum a solver that calls its answer optimal may put its bound: its relative gap
+    measured with the constant (HiGHS, SCIP, CP-SAT) or without it (CBC never sees it)."""
+    return SolveOptions().rel_gap * max(1.0, abs(opt), abs(opt - const)) + 1e-9
+
+
+def assert_trajectory_counts_the_constant(res, opt: float) -> None:
+    """Every point recorded during the solve is a solution value and a bound of the same objective."""
+    assert res.trajectory
+    for p in res.trajectory:
+        assert p.incumbent is None or p.incumbent >= opt - 1e-6, (p, opt)
+        assert p.bound is None or p.bound <= opt + 1e-6, (p, opt)
+    assert res.trajectory[-1].incumbent == pytest.approx(res.objective)
+
+
+def test_the_brute_force_optima_of_the_item_models():
+    # by hand: cover 17 with weights 6 + 9 + 2 (value 6 + 10 + 3); pack 3 + 4 + 2 + 8 (value 4 + 5 + 3 + 11)
+    assert item_optimum("min", True) == 19 and item_optimum("max", True) == 23
+    # the LP fills by value per weight: weights 6 and 9 whole then 2/7 of weight 7 (16 + 16/7); 2, 5, 8 whole
+    # then 2/3 of weight 3 (21 + 8/3)
+    assert item_optimum("min", False) == pytest.approx(128 / 7) and item_optimum("max", False) == pytest.approx(71 / 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("const", CONSTANTS)
+@pytest.mark.parametrize("sense", ["min", "max"])
+@pytest.mark.parametrize("integer", [True, False], ids=["mip", "lp"])
+def test_objective_and_bound_count_the_constant_once(backend, const, sense, integer):
+    if backend == "cp-sat" and not integer:
+        pytest.skip("cp-sat takes all-integer models only")
+    m = item_model(sense, integer, const)
+    best = item_optimum(sense, integer) + const  # of the problem as posed (a maximum for "max")
+    opt = best if sense == "min" else -best  # of the model, which minimizes
+    res = solve_model(m, backend, SolveOptions(time_limit_s=20))
+    assert res.status == SolveStatus.OPTIMAL
+    assert res.objective == pytest.approx(opt, abs=1e-6), (backend, const, sense)
+    assert res.objective == pytest.approx(m.objective.value(res.values), abs=1e-9)
+    if integer:  # a dual bound: below every solution, and within the solver's gap of the optimum
+        assert opt - gap_allowance(opt, m.objective.const) <= res.bound <= opt + 1e-6, (backend, res.bound)
+    else:  # an LP solved to optimality: its optimum is its bound
+        assert res.bound == pytest.approx(opt, abs=1e-6), (backend, res.bound)
+    assert res.gap == 0.0
+    assert relative_gap(res.objective, res.bound) <= gap_allowance(opt, m.objective.const) / max(abs(opt), 1e-12)
+    assert_trajectory_counts_the_constant(res, opt)
+    if backend == "cp-sat":  # its pool of improving solutions carries the same objective
+        assert res.pool and all(v == pytest.approx(m.objective.value(x)) for v, x in res.pool)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("const", [0.0, 3.5, -3.5])
+def test_an_objective_that_is_only_a_constant(backend, const):
+    m = LinearModel("constant")
+    x = m.add_var("x", 0, 5, integer=True)
+    y = m.add_var("y", 0, 5, integer=True)
+    m.add(x + y >= 3)
+    m.minimize(LinExpr(const=const))
+    res = solve_model(m, backend, SolveOptions(time_limit_s=5))
+    assert res.status == SolveStatus.OPTIMAL and m.check(res.values) == []
+    assert res.objective == pytest.approx(const, abs=1e-12)
+    assert const - gap_allowance(const, const) <= res.bound <= const + 1e-9
+    assert res.gap == 0.0 and relative_gap(res.objective, res.bound) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("const", [-2.75, -0.5, 0.25, 2.7])
+def test_a_fractional_constant_with_a_hint_and_a_cutoff(backend, const):
+    # CP-SAT enforces a complete hint as an incumbent (only strictly better solutions are searched): the
+    # row must be on the integer sum of terms. Rounding the hint's objective with the constant truncated
+    # to an integer cut off the optimum (x = 11, one better than the hint) for some fractional constants
+    m = LinearModel("hinted")
+    x = m.add_var("x", 0, 20, integer=True)
+    y = m.add_var("y", 0, 20, integer=True)
+    m.add(x + y <= 11)
+    m.minimize(-x + const)
+    m.set_hint({x: 10, y: 0})
+    opt = -11 + const
+    res = solve_model(m, backend, SolveOptions(time_limit_s=5))
+    assert res.status == SolveStatus.OPTIMAL
+    assert res.objective == pytest.approx(opt) and round(res.values[0]) == 11
+    assert opt - gap_allowance(opt, const) <= res.bound <= opt + 1e-9
+    # the cutoff is on the objective with its constant
+    above = solve_model(m, backend, SolveOptions(time_limit_s=5, cutoff=opt + 0.5))
+    assert above.status == SolveStatus.OPTIMAL and above.objective == pytest.approx(opt)
+    at = solve_model(m, backend, SolveOptions(time_limit_s=5, cutoff=opt))
+    assert at.status == SolveStatus.INFEASIBLE and at.values is None
+
+
+def planted_market_split(const: float, rows: int = 6, n: int = 50, seed: int = 0):
+    """Market split (Cornuejols-Dawande) with a planted exact split: ``min sum |a_i x - d_i| + const`` has the
+    optimum ``const``, which branch and bound takes very long to find or prove (at 6 rows and 50 columns no
+    backend here did within 30 s on three seeds); its LP bound is ``const``, and so is every dual bound."""
+    import random
+
+    rng = random.Random(seed)
+    m = LinearModel("market-split")
+    xs = [m.add_binary(f"x{j}") for j in range(n)]
+    star = [rng.randint(0, 1) for _ in range(n)]
+    slack = []
+    for i in range(rows):
+        a = [rng.randint(0, 99) for _ in range(n)]
+        over = m.add_var(f"over{i}", 0, sum(a), integer=True)
+        under = m.add_var(f"under{i}", 0, sum(a), integer=True)
+        slack += [over, under]
+        m.add(lsum(c * x for c, x in zip(a, xs)) - over + under == sum(c * s for c, s in zip(a, star)), f"split{i}")
+    m.minimize(lsum(slack) + const)
+    return m
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("const", [1000.5, -1000.5])
+def test_a_solve_stopped_by_its_time_limit_counts_the_constant(backend, const):
+    m = planted_market_split(const)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=1))
+    assert res.status == SolveStatus.FEASIBLE, res.status  # the time limit, not a proof, ended it
+    assert res.objective >= const and res.objective == pytest.approx(m.objective.value(res.values), abs=1e-9)
+    # the bound without the constant would be 0; counted twice, 2 * const
+    assert res.bound == pytest.approx(const, abs=1e-6), (backend, res.bound)
+    assert res.gap == pytest.approx(relative_gap(res.objective, res.bound))
+    assert res.gap == pytest.approx((res.objective - const) / abs(res.objective))
+    assert_trajectory_counts_the_constant(res, const)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cp-sat"])  # continuous variables
+def test_an_lp_stopped_by_its_time_limit_reports_no_bound_it_has_not_proven(backend):
+    # HiGHS stops a zero-second LP at its starting point (x = 0, feasible here); it used to report that
+    # point's objective as the bound (and, without any solution, HiGHS's MIP dual bound, 0, of an LP)
+    m = item_model("max", False, 1000.5)
+    opt = -(item_optimum("max", False) + 1000.5)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=0))
+    if res.status.has_solution:
+        assert res.objective >= opt - 1e-6
+    if res.status == SolveStatus.OPTIMAL:
+        assert res.objective == pytest.approx(opt)
+    assert res.bound is None or res.bound <= opt + 1e-6, (backend, res.status, res.bound)
+
+
+def test_cbc_log_numbers_get_the_constant_and_lose_their_rounding():
+    from tangram_opt.solvers.protocol import Trajectory
+    from tangram_opt.solvers.pulp_cbc import _printed_bound, read_log
+
+    # CBC prints bounds rounded (%.3f in CBC 2.10's "Lower bound:", 6 significant digits elsewhere)
+    assert _printed_bound("1234.568") == pytest.approx(1234.5675)
+    assert _printed_bound("1234.57") == pytest.approx(1234.565)
+    assert _printed_bound("1.23457e+07") == pytest.approx(12345650)
+    assert _printed_bound("1000") == pytest.approx(999.995)
+    assert _printed_bound("0") == 0.0 and _printed_bound("0.000") == pytest.approx(-0.0005)
+    assert _printed_bound("-1e+50") is None and _printed_bound("inf") is None
+    log = ("Cbc0012I Integer solution of 21 found by feasibility pump after 0 iterations and 0 nodes (0.03 seconds)\n"
+           "Cbc0010I After 0 nodes, 1 on tree, 21 best solution, best possible 2.5 (0.15 seconds)\n"
+           "Cbc0012I Integer solution of 9 found by heuristic after 11878 iterations and 2622 nodes (0.80 seconds)\n")
+    traj = Trajectory(SolveOptions())
+    read_log(log, traj, -1000.5)
+    assert [(p.elapsed_s, p.incumbent, p.bound) for p in traj.points] == [
+        (0.03, -979.5, None), (0.15, -979.5, pytest.approx(-998.05)), (0.80, -991.5, pytest.approx(-998.05))]
+
+
+@pytest.fixture
+def bundled_cbc(monkeypatch):
+    """The pulp-cbc backend on the CBC 2.10 binary bundled with PuLP (its log has the Cbc0010I/Cbc0012I
+    progress lines and prints "Lower bound:" with 3 decimals) instead of the newer cbcbox binary."""
+    import warnings
+
+    pulp = pytest.importorskip("pulp")
+    import tangram_opt.solvers.pulp_cbc as pulp_cbc
+
+    def old(**kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return pulp.PULP_CBC_CMD(**kwargs)
+
+    try:
+        ok = old(msg=False).available()
+    except Exception:  # noqa: BLE001 (PuLP releases without a bundled binary raise here)
+        ok = False
+    if not ok:
+        pytest.skip("PuLP has no bundled CBC binary here")
+    monkeypatch.setattr(pulp_cbc, "_pulp_cbc", old)
+
+
+@pytest.mark.skipif("pulp-cbc" not in BACKENDS, reason="pulp-cbc not installed")
+@pytest.mark.parametrize("const", [1000.5, -1000.5])
+def test_the_bundled_cbc_log_counts_the_constant(bundled_cbc, const):
+    m = planted_market_split(const)
+    res = solve_model(m, "pulp-cbc", SolveOptions(time_limit_s=1))
+    assert res.status == SolveStatus.FEASIBLE
+    assert res.bound == pytest.approx(const, abs=1e-6)
+    assert len(res.trajectory) > 1  # the progress lines were read, with the constant
+    assert_trajectory_counts_the_constant(res, const)
+    m = item_model("max", True, const)
+    opt = -(item_optimum("max", True) + const)
+    res = solve_model(m, "pulp-cbc", SolveOptions(time_limit_s=20))
+    assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(opt)
+    assert opt - gap_allowance(opt, -const) <= res.bound <= opt + 1e-9

@@ -45,8 +45,16 @@ class CpSatBackend(Backend):
             lb = cp_model.INT_MIN if math.isinf(c.lb) else int(c.lb)
             ub = cp_model.INT_MAX if math.isinf(c.ub) else int(c.ub)
             cp.add_linear_constraint(expr, lb, ub)
-        objective = sum(int(a) * xs[i] for i, a in model.objective.coefs.items()) + int(model.objective.const)
-        cp.minimize(objective)
+        # CP-SAT takes integer objectives only. The objective's constant may be fractional (the integral
+        # check covers coefficients, not the constant): CP-SAT gets its integer part ``k`` as the offset
+        # (so its relative gap is measured on nearly the whole objective, as the other backends measure
+        # it) and the fraction ``rem`` in [0, 1) is added back to every objective and bound it reports.
+        # Rows on the objective (incumbent, cutoff) are written on ``terms`` alone, which is integral.
+        terms = sum(int(a) * xs[i] for i, a in model.objective.coefs.items())
+        const = model.objective.const
+        k = math.floor(const) if abs(const) < 2.0**52 else 0
+        rem = const - k
+        cp.minimize(terms + k)
         # A complete, exactly feasible hint is an incumbent. CP-SAT's presolve often discards hints
         # (measured: a feasible hint on a 3,000-column planner model still gave "unknown" after
         # 5 s), so the incumbent is enforced instead: search only for strictly better solutions;
@@ -60,10 +68,11 @@ class CpSatBackend(Backend):
                 value = model.objective.value(hint)
                 if not model.check(hint, tol=0.0) and (options.cutoff is None or value < options.cutoff):
                     incumbent = (value, hint)
-                    cp.add(objective <= int(round(incumbent[0])) - 1)
+                    # strictly better than the hint: its (integer) sum of terms less one
+                    cp.add(terms <= int(round(value - const)) - 1)
         limit = cutoff_limit(model, options)
         if incumbent is None and limit is not None:  # only solutions below the cutoff
-            cp.add(objective <= int(limit) + int(model.objective.const))
+            cp.add(terms <= int(limit))
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = float(options.time_limit_s)
@@ -78,12 +87,12 @@ class CpSatBackend(Backend):
 
         class _CB(cp_model.CpSolverSolutionCallback):
             def on_solution_callback(self) -> None:  # noqa: D401 (OR-Tools name)
-                traj.record(self.objective_value, self.best_objective_bound, self.wall_time)
+                traj.record(self.objective_value + rem, self.best_objective_bound + rem, self.wall_time)
                 if len(pool) < 200:
-                    pool.append((self.objective_value, [float(self.value(x)) for x in xs]))
+                    pool.append((self.objective_value + rem, [float(self.value(x)) for x in xs]))
 
         try:
-            solver.best_bound_callback = lambda b: traj.record(None, b)
+            solver.best_bound_callback = lambda b: traj.record(None, b + rem)
         except AttributeError:  # older OR-Tools
             pass
         if incumbent is not None:
@@ -100,19 +109,19 @@ class CpSatBackend(Backend):
                 traj.record(obj, obj, elapsed)
                 return SolveResult(status=SolveStatus.OPTIMAL, backend=self.name, objective=obj, bound=obj,
                                    values=vals, solve_time_s=elapsed, trajectory=traj.points, pool=pool)
-            bound = min(obj, solver.best_objective_bound)
+            bound = min(obj, solver.best_objective_bound + rem)
             traj.record(obj, bound, elapsed)
             return SolveResult(status=SolveStatus.FEASIBLE, backend=self.name, objective=obj, bound=bound,
                                values=vals, solve_time_s=elapsed, trajectory=traj.points, pool=pool)
         if st.has_solution:
-            obj, bound = solver.objective_value, solver.best_objective_bound
+            obj, bound = solver.objective_value + rem, solver.best_objective_bound + rem
             traj.record(obj, bound, elapsed)
             vals = [float(solver.value(x)) for x in xs]
             if st == SolveStatus.OPTIMAL:
                 bound = optimal_bound(obj, bound, options.rel_gap)
             return SolveResult(status=st, backend=self.name, objective=obj, bound=bound, values=vals,
                                solve_time_s=elapsed, trajectory=traj.points, pool=pool)
-        bound = solver.best_objective_bound if st == SolveStatus.NO_SOLUTION else None
+        bound = solver.best_objective_bound + rem if st == SolveStatus.NO_SOLUTION else None
         return SolveResult(status=st, backend=self.name, bound=bound, solve_time_s=elapsed, trajectory=traj.points,
                            message=solver.status_name(status))
 

@@ -137,8 +137,14 @@ class HighsBackend(Backend):
                 # every node was pruned at the cutoff; what HiGHS kept is a solution above it
                 return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed,
                                    message="no solution below the cutoff")
+            # HiGHS reports objectives and its MIP dual bound with the objective's constant (the offset
+            # passed with the model). An LP has no MIP dual bound (HiGHS leaves it at 0): its optimum is
+            # its bound, and an LP stopped early has none
             dual = number_or_none(str(info.mip_dual_bound))
-            bound = obj if not mip else optimal_bound(obj, dual, options.rel_gap) if optimal else dual
+            if not mip:
+                bound = obj if optimal else None
+            else:
+                bound = optimal_bound(obj, dual, options.rel_gap) if optimal else dual
             traj.record(obj, bound, elapsed)
             rc = list(h.getSolution().col_dual) if (relax and optimal) else None
             return SolveResult(status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, backend=self.name,
@@ -146,7 +152,7 @@ class HighsBackend(Backend):
                                reduced_costs=rc)
         if ms in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kInterrupt):
             return SolveResult(status=SolveStatus.NO_SOLUTION, backend=self.name, solve_time_s=elapsed,
-                               bound=number_or_none(str(info.mip_dual_bound)), trajectory=traj.points,
+                               bound=number_or_none(str(info.mip_dual_bound)) if mip else None, trajectory=traj.points,
                                message="time limit before any solution")
         return SolveResult(status=SolveStatus.ERROR, backend=self.name, solve_time_s=elapsed,
                            message=f"HiGHS status {h.modelStatusToString(ms)}")

@@ -80,11 +80,16 @@ class LinearSolverBackend(Backend):
         status = s.Solve(params)
         elapsed = traj.elapsed_s
         if status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            # Value() and BestBound() both include the offset (the objective's constant)
             val = obj.Value()
-            bound = obj.BestBound() if any(v.integer for v in model.vars) else val
+            mip = any(v.integer for v in model.vars)
             st = SolveStatus.OPTIMAL if status == pywraplp.Solver.OPTIMAL else SolveStatus.FEASIBLE
-            if st == SolveStatus.OPTIMAL:
-                bound = optimal_bound(val, bound, options.rel_gap) if any(v.integer for v in model.vars) else val
+            if not mip:  # an LP: its optimum is its bound; stopped early, it has none
+                bound = val if st == SolveStatus.OPTIMAL else None
+            elif st == SolveStatus.OPTIMAL:
+                bound = optimal_bound(val, obj.BestBound(), options.rel_gap)
+            else:
+                bound = obj.BestBound()
             traj.record(val, bound, elapsed)
             return SolveResult(status=st, backend=self.name, objective=val, bound=bound,
                                values=[x.solution_value() for x in xs], solve_time_s=elapsed, trajectory=traj.points)

@@ -16,8 +16,26 @@ _CBC_PROGRESS = re.compile(r"Cbc0010I After \d+ nodes, \d+ on tree, (\S+) best s
                            r"\(([\d.]+) seconds\)")
 _CBC_SOLUTION = re.compile(r"Cbc0012I Integer solution of (\S+) found .*\(([\d.]+) seconds\)")
 _CBC_LOWER = re.compile(r"^Lower bound:\s+(\S+)", re.M)
-_CBC_OBJ = re.compile(r"^Objective value:\s+(\S+)", re.M)
 
+
+def _printed_bound(s: str) -> float | None:
+    """A lower bound as CBC printed it, less half a unit in its last printed digit. CBC rounds what it
+    prints (``%.3f`` in CBC 2.10's "Lower bound:", 6 significant digits in newer logs), which may put
+    the printed number above the bound it proved (1234.56789 prints as 1234.568 or as 1234.57)."""
+    v = number_or_none(s)
+    if v is None:
+        return None
+    mantissa, _, exponent = s.strip().lower().partition("e")
+    try:
+        exp = int(exponent or 0)
+    except ValueError:
+        return v
+    if "." in mantissa:
+        unit = 10.0 ** (exp - len(mantissa.partition(".")[2]))
+    else:  # no decimals: C's %g (6 significant digits, trailing zeros dropped; zero is printed as 0)
+        digits = mantissa.lstrip("+-").lstrip("0")
+        unit = 10.0 ** (exp + len(digits) - 6) if digits else 0.0
+    return v - 0.5 * unit
 
 
 def _pulp_cbc(**kwargs):  # type: ignore[no-untyped-def]
@@ -35,6 +53,22 @@ def _pulp_cbc(**kwargs):  # type: ignore[no-untyped-def]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             return pulp.PULP_CBC_CMD(**kwargs)
+
+
+def read_log(log: str, traj: Trajectory, const: float) -> None:
+    """Record CBC's progress lines (CBC 2.10's ``Cbc0010I``/``Cbc0012I`` messages) in ``traj``, with
+    the objective's constant ``const`` (which CBC never sees) added to every incumbent and bound."""
+    def plus(v: float | None) -> float | None:
+        return None if v is None else v + const
+
+    for line in log.splitlines():
+        m = _CBC_PROGRESS.search(line)
+        if m:
+            traj.record(plus(number_or_none(m.group(1))), plus(_printed_bound(m.group(2))), float(m.group(3)))
+            continue
+        m = _CBC_SOLUTION.search(line)
+        if m:
+            traj.record(plus(number_or_none(m.group(1))), None, float(m.group(2)))
 
 
 class PulpCbcBackend(Backend):
@@ -57,7 +91,11 @@ class PulpCbcBackend(Backend):
         xs = [new_var(f"x{v.index}", lowBound=None if math.isinf(v.lb) else v.lb,
                       upBound=None if math.isinf(v.ub) else v.ub,
                       cat=pulp.LpInteger if v.integer else pulp.LpContinuous) for v in model.vars]
-        prob += pulp.lpSum(a * xs[i] for i, a in model.objective.coefs.items()) + model.objective.const
+        # CBC is given the objective without its constant (PuLP leaves it out of the MPS file anyway):
+        # every number CBC reports (its log: incumbents, bounds, "Lower bound:") is without it, and
+        # the constant is added back below, whatever PuLP or CBC version runs
+        const = model.objective.const
+        prob += pulp.lpSum(a * xs[i] for i, a in model.objective.coefs.items())
         for k, c in enumerate(model.constraints):
             expr = pulp.lpSum(a * xs[i] for i, a in c.coefs.items())
             if c.lb == c.ub:
@@ -91,24 +129,26 @@ class PulpCbcBackend(Backend):
                 os.remove(log_path)
             except OSError:
                 pass
-        for line in log.splitlines():
-            m = _CBC_PROGRESS.search(line)
-            if m:
-                traj.record(number_or_none(m.group(1)), number_or_none(m.group(2)), float(m.group(3)))
-                continue
-            m = _CBC_SOLUTION.search(line)
-            if m:
-                traj.record(number_or_none(m.group(1)), None, float(m.group(2)))
+        read_log(log, traj, const)
         sol = prob.sol_status
         if sol in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             vals = [float(x.value()) if x.value() is not None else 0.0 for x in xs]
             obj = model.objective.value(vals)
             lower = _CBC_LOWER.search(log)
-            bound = number_or_none(lower.group(1)) if lower else None
+            dual = _printed_bound(lower.group(1)) if lower else None  # without the constant
+            if not model.objective.coefs:  # nothing to minimize: the constant is the bound (CBC prints none)
+                dual = 0.0
+            if dual is not None and model.is_integral:  # the terms sum to an integer: round the bound up
+                dual = float(math.ceil(dual - 1e-6))
             optimal = sol == pulp.LpSolutionOptimal and "Stopped" not in log
             st = SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE
-            if st == SolveStatus.OPTIMAL:
-                bound = optimal_bound(obj, bound, options.rel_gap)
+            if st == SolveStatus.OPTIMAL and not any(v.integer for v in model.vars):
+                bound = obj  # an LP solved to optimality, as the other backends report it
+            elif st == SolveStatus.OPTIMAL:
+                # CBC measured its gap on the objective without the constant: the bound is taken there
+                bound = optimal_bound(obj - const, dual, options.rel_gap) + const
+            else:
+                bound = None if dual is None else dual + const
             traj.record(obj, bound, elapsed)
             return SolveResult(status=st, backend=self.name, objective=obj, bound=bound, values=vals,
                                solve_time_s=elapsed, trajectory=traj.points)
