@@ -86,8 +86,14 @@ def headline(plan: Plan) -> list[str]:
         if cert.gap is None:
             lines.append(f"certificate: {cert.status}, no bound ({cert.backend}, {cert.solve_time_s:.1f} s)")
         else:
+            space = "searched space"
+            if cert.plan_space.startswith("launch target "):
+                space = f"{cert.plan_space.split()[2].rstrip(':')} launch space (one job, every stage alike)"
             lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {u.fmt_seconds(cert.bound_s)}"
-                         f" on every plan in the searched space; {cert.backend}, {cert.solve_time_s:.1f} s)")
+                         f" on every plan in the {space}; {cert.backend}, {cert.solve_time_s:.1f} s)")
+            runtime = [n for n in cert.notes if n.startswith("runtime: ")]
+            if runtime:
+                lines.append(runtime[0])
             held = open_parts(plan)
             if held:
                 lines.append("bounds below the plan (lowest first): " + "; ".join(held))

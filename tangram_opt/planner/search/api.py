@@ -169,12 +169,12 @@ class LaunchPrice:
 
     def describe(self) -> str:
         free_cert = self.free_plan.certificate
-        bound = f", within {100 * free_cert.gap:.2f}% of its best" if free_cert is not None and free_cert.gap \
+        bound = f", certified within {100 * free_cert.gap:.2f}%" if free_cert is not None and free_cert.gap \
             is not None else ""
         greedy = f"; the greedy plan {self.greedy_step_s:.4g} s" if self.greedy_step_s is not None else ""
-        return (f"price of a stock {self.launch} launch: {self.launch_plan.step_time_s:.4g} s per step against "
-                f"{self.free_plan.step_time_s:.4g} s for the best plan of the whole space{bound} "
-                f"({100 * self.price:+.1f}%){greedy}")
+        return (f"price of a stock {self.launch} launch: {100 * self.price:+.1f}% "
+                f"({self.launch_plan.step_time_s:.4g} s per step against {self.free_plan.step_time_s:.4g} s "
+                f"for the best plan of the whole space{bound}){greedy}")
 
 
 def launch_price(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | str | Path | None = None,
