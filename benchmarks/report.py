@@ -217,6 +217,12 @@ def _layers_by_island(p: Plan) -> str:
     return per_pipe[0] if len(per_pipe) == 1 else " || ".join(f"pipeline {i}: {t}" for i, t in enumerate(per_pipe))
 
 
+def crosses_islands(p: Plan) -> bool:
+    """Whether some pipeline of the plan has stages on more than one island (pipeline point-to-point
+    transfers cross between islands)."""
+    return any(len({s.island for s in q.stages}) > 1 for q in p.pipelines)
+
+
 def _decompose(p: Plan) -> tuple[float, float, float]:
     """Predicted step of a one-pipeline plan = steady state ((m-1) x period) + fill/drain + exposed tail
     (tangram_opt/planner/formulations/pipeline_model.py)."""
@@ -328,6 +334,10 @@ def report(results: Sequence[ScenarioResult], machine: dict[str, str], *, quick:
                    f"Target: {TARGET_RATIO}x — {'met' if gm['greedy'] >= TARGET_RATIO else 'not met'}.")
         out.append(f"- MIP / best homogeneous island: {_ratio(gm['homogeneous'])}x; MIP / heterogeneity-unaware: "
                    f"{_ratio(gm['unaware'])}x (geometric means, heterogeneous scenarios, simulated).")
+    crossing = [r for r in het if r.methods.get("mip") and r.methods["mip"].ok
+                and crosses_islands(r.methods["mip"].plan)]  # type: ignore[arg-type]
+    out.append(f"- MIP plans with a pipeline that crosses islands (stages on two or more islands): {len(crossing)} "
+               f"of {len(het)} heterogeneous scenarios.")
     if violations:
         bad = sorted({r.scenario.name for r in results if r.violations})
         out.append(f"- **BUG: the MIP is below a baseline in {len(bad)} scenario(s): {', '.join(bad)}** "
