@@ -25,7 +25,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from tangram_opt.experts import load_profile, place_experts
+from tangram_opt.experts import place_experts, synthetic_expert_loads
 
 SIZES = [  # (label, experts, ranks, nodes, slots per rank, max_redundant)
     ("8 / 8 x 2", 8, 8, 1, 2, None),
@@ -89,7 +89,7 @@ def run(quick: bool = False, time_limit_s: float = 10.0, backend: str = "highs",
     worst_gap, worst_time = 0.0, 0.0
     for label, E, R, N, S, K in sizes:
         for kind, skew in profiles:
-            w = load_profile(kind, E, skew, tokens=E * TOKENS_PER_EXPERT, seed=SEED)
+            w = synthetic_expert_loads(kind, E, skew, tokens=E * TOKENS_PER_EXPERT, seed=SEED)
             g = place_experts(w, R, N, S, max_redundant=K, method="greedy")
             t0 = time.perf_counter()
             m = place_experts(w, R, N, S, max_redundant=K, backend=backend, time_limit_s=tl, threads=threads)
@@ -123,7 +123,7 @@ combinatorial bound within 0.1%, otherwise the backend and its final status. "pr
 tokens are a fraction of all routed tokens, with tokens generated uniformly over the EP ranks (definition in
 docs/expert_placement.md); neither method was asked to minimize them here (cross_node_weight = 0), but the
 MIP's shares are chosen to minimize them at the optimal max load.
-Profiles: `load_profile(kind, experts, skew, tokens=experts * 4096, seed=1)`.
+Profiles: `synthetic_expert_loads(kind, experts, skew, tokens=experts * 4096, seed=1)`.
 """
     table = "\n".join(rows)
     extra = f"\n\n{note}" if note else ""

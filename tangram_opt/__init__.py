@@ -18,6 +18,7 @@ Heavy parts (planner, simulator, expert placement) are imported on first use.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from tangram_opt.errors import (FormatError, InfeasibleError, NoSolutionError, SolverUnavailableError, SpecError,
@@ -47,7 +48,7 @@ _LAZY = {
     "simulate": "tangram_opt.sim",
     "validate": "tangram_opt.sim",
     "place_experts": "tangram_opt.experts",
-    "load_profile": "tangram_opt.experts",
+    "synthetic_expert_loads": "tangram_opt.experts",
     "CostModel": "tangram_opt.cost",
     "Calibration": "tangram_opt.cost",
     "StageConfig": "tangram_opt.cost",
@@ -57,8 +58,16 @@ _LAZY = {
     "load_sweep": "tangram_opt.sweeps",
 }
 
+#: old public name -> (module, new name); still works, with a DeprecationWarning
+_RENAMED = {"load_profile": ("tangram_opt.experts", "synthetic_expert_loads")}
+
 
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        module, new = _RENAMED[name]
+        warnings.warn(f"tangram_opt.{name} is now tangram_opt.{new} (synthetic tokens per expert, {module}); the old "
+                      "name will be removed", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), new)
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

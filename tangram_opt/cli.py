@@ -842,7 +842,7 @@ def cmd_experts(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     try:
-        from tangram_opt.experts import DEFAULT_PLACEMENT_BACKEND, load_profile, place_experts
+        from tangram_opt.experts import DEFAULT_PLACEMENT_BACKEND, place_experts, synthetic_expert_loads
     except ImportError as e:
         raise ComponentUnavailable(f"expert placement is not available in this installation "
                                    f"(tangram_opt.experts: {e})") from None
@@ -850,8 +850,8 @@ def cmd_experts(args: argparse.Namespace) -> int:
         loads = _read_loads(args.loads)
         src = args.loads
     else:
-        loads = load_profile(args.profile, experts=args.experts, skew=args.skew, tokens=args.tokens,
-                             seed=args.profile_seed, layers=args.layers)
+        loads = synthetic_expert_loads(args.profile, experts=args.experts, skew=args.skew, tokens=args.tokens,
+                                       seed=args.profile_seed, layers=args.layers)
         src = f"{args.profile} profile (skew {args.skew}, seed {args.profile_seed})"
     res = place_experts(loads, args.ranks, args.nodes, args.slots, method=args.method,
                         backend=args.backend or DEFAULT_PLACEMENT_BACKEND, time_limit_s=args.time_limit)

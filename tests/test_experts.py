@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tangram_opt.errors import InfeasibleError, SpecError
-from tangram_opt.experts import (EMPTY, Placement, best_lower_bound, check_placement, imbalance_for, load_profile,
-                                 lower_bounds, make_problem, place_experts, solve_layer)
+from tangram_opt.experts import (EMPTY, ExpertPlacement, best_lower_bound, check_placement, imbalance_for, lower_bounds,
+                                 make_problem, place_experts, solve_layer, synthetic_expert_loads)
 from tangram_opt.solvers import available_backends
 
 BACKENDS = available_backends()
@@ -94,7 +94,7 @@ SIZES = [(8, 8, 1, 2, None), (64, 16, 2, 5, None), (256, 64, 8, 5, 32)]
 @pytest.mark.parametrize("E,R,N,S,K", SIZES)
 @pytest.mark.parametrize("kind,skew", [("zipf", 1.0), ("lognormal", 1.0), ("uniform", 0.0)])
 def test_placements_are_valid_and_mip_never_worse_than_greedy(E, R, N, S, K, kind, skew):
-    w = load_profile(kind, E, skew, tokens=E * 1000, seed=3)
+    w = synthetic_expert_loads(kind, E, skew, tokens=E * 1000, seed=3)
     p = make_problem(w, R, N, S, max_redundant=K)
     g = place_experts(w, R, N, S, max_redundant=K, method="greedy")
     m = place_experts(w, R, N, S, max_redundant=K, time_limit_s=3)
@@ -113,7 +113,7 @@ def test_placements_are_valid_and_mip_never_worse_than_greedy(E, R, N, S, K, kin
 
 
 def test_mip_reaches_a_one_percent_gap_on_the_deepseek_size():
-    w = load_profile("zipf", 256, 1.0, tokens=256 * 4096, seed=1)
+    w = synthetic_expert_loads("zipf", 256, 1.0, tokens=256 * 4096, seed=1)
     g = place_experts(w, 64, 8, 5, max_redundant=32, method="greedy")
     m = place_experts(w, 64, 8, 5, max_redundant=32, time_limit_s=10)
     assert m.certificate.gap <= 0.01
@@ -122,7 +122,7 @@ def test_mip_reaches_a_one_percent_gap_on_the_deepseek_size():
 
 # --- the greedy follows the EPLB description ---------------------------------------------------------------------
 def test_greedy_is_hierarchical_and_splits_evenly():
-    w = load_profile("zipf", 64, 1.0, tokens=64 * 1000, seed=0)
+    w = synthetic_expert_loads("zipf", 64, 1.0, tokens=64 * 1000, seed=0)
     g = place_experts(w, 16, 2, 5, method="greedy")  # 16 redundant slots, 8 per node
     rpn = 8
     for n in range(2):
@@ -143,7 +143,7 @@ def test_greedy_is_hierarchical_and_splits_evenly():
 
 
 def test_greedy_groups_stay_on_one_node():
-    w = load_profile("lognormal", 32, 1.0, tokens=32000, seed=2)
+    w = synthetic_expert_loads("lognormal", 32, 1.0, tokens=32000, seed=2)
     g = place_experts(w, 8, 2, 5, method="greedy", num_groups=4)
     for n in range(2):
         experts = {e for row in g.slot_expert[n * 4:(n + 1) * 4] for e in row}
@@ -153,7 +153,7 @@ def test_greedy_groups_stay_on_one_node():
 
 # --- secondary objectives ------------------------------------------------------------------------------------------
 def test_cross_node_weight_trades_locality():
-    w = load_profile("zipf", 64, 0.8, tokens=64 * 1000, seed=5)
+    w = synthetic_expert_loads("zipf", 64, 0.8, tokens=64 * 1000, seed=5)
     plain = place_experts(w, 16, 2, 5, time_limit_s=3)
     local = place_experts(w, 16, 2, 5, time_limit_s=3, cross_node_weight=0.05)
     assert local.cross_node_tokens <= plain.cross_node_tokens + 1e-6
@@ -172,7 +172,7 @@ def test_cross_node_tokens_definition():
 
 
 def test_move_weight_keeps_the_current_placement():
-    w = load_profile("zipf", 16, 1.0, tokens=16000, seed=7)
+    w = synthetic_expert_loads("zipf", 16, 1.0, tokens=16000, seed=7)
     first = place_experts(w, 4, 1, 5, time_limit_s=3)
     current = [[e for e in row if e != EMPTY] for row in first.slot_expert]
     w2 = np.asarray(w) * 1.0
@@ -202,15 +202,15 @@ def test_memory_limits_are_respected():
 
 # --- API shape, JSON, layers, planner hook -------------------------------------------------------------------------
 def test_to_dict_roundtrips_through_json():
-    w = load_profile("zipf", 16, 1.2, tokens=16000, seed=1)
+    w = synthetic_expert_loads("zipf", 16, 1.2, tokens=16000, seed=1)
     pl = place_experts(w, 4, 2, 5, time_limit_s=2)
-    back = Placement.from_dict(json.loads(json.dumps(pl.to_dict())))
+    back = ExpertPlacement.from_dict(json.loads(json.dumps(pl.to_dict())))
     assert back == pl
     assert back.imbalance == pl.imbalance and back.certificate.gap == pl.certificate.gap
 
 
 def test_several_layers_give_one_placement_each():
-    w = load_profile("lognormal", 16, 1.0, tokens=16000, seed=4, layers=3)
+    w = synthetic_expert_loads("lognormal", 16, 1.0, tokens=16000, seed=4, layers=3)
     out = place_experts(w, 4, 1, 5, time_limit_s=2)
     assert isinstance(out, list) and len(out) == 3
     assert [pl.loads for pl in out] == [tuple(float(x) for x in row) for row in w]
@@ -218,8 +218,8 @@ def test_several_layers_give_one_placement_each():
 
 def test_imbalance_for():
     assert imbalance_for(None, 8, 8) == 1.0
-    assert imbalance_for(load_profile("uniform", 64), 16, 8) == pytest.approx(1.0)
-    skew = load_profile("zipf", 64, 1.0, tokens=64000, seed=0, layers=2)
+    assert imbalance_for(synthetic_expert_loads("uniform", 64), 16, 8) == pytest.approx(1.0)
+    skew = synthetic_expert_loads("zipf", 64, 1.0, tokens=64000, seed=0, layers=2)
     plain = imbalance_for(skew, 16, 8, time_limit_s=2)
     spare = imbalance_for(skew, 16, 8, redundant_per_rank=1, time_limit_s=2)
     assert plain > 1.05 and 1.0 <= spare <= plain
@@ -230,13 +230,13 @@ def test_imbalance_for():
 
 
 def test_profiles_are_reproducible():
-    a = load_profile("zipf", 64, 1.0, tokens=10_000, seed=3, layers=2)
-    b = load_profile("zipf", 64, 1.0, tokens=10_000, seed=3, layers=2)
+    a = synthetic_expert_loads("zipf", 64, 1.0, tokens=10_000, seed=3, layers=2)
+    b = synthetic_expert_loads("zipf", 64, 1.0, tokens=10_000, seed=3, layers=2)
     assert a.shape == (2, 64) and (a == b).all() and (a.sum(axis=1) == 10_000).all()
-    c = load_profile("lognormal", 8, 1.5, tokens=999, seed=0)
+    c = synthetic_expert_loads("lognormal", 8, 1.5, tokens=999, seed=0)
     assert c.shape == (8,) and c.sum() == 999 and (c >= 0).all()
-    assert (load_profile("uniform", 4, tokens=8) == 2).all()
-    z = load_profile("zipf", 256, 1.2, tokens=10**6, seed=0)
+    assert (synthetic_expert_loads("uniform", 4, tokens=8) == 2).all()
+    z = synthetic_expert_loads("zipf", 256, 1.2, tokens=10**6, seed=0)
     assert sorted(z)[-1] > 20 * np.mean(z)
 
 
@@ -255,9 +255,9 @@ def test_profiles_are_reproducible():
     (lambda: place_experts([1, 2], 2, 1, 2, max_redundant=-1), "max_redundant"),
     (lambda: place_experts([1, 2, 3], 3, 1, 1, method="greedy", num_groups=2), "num_groups"),
     (lambda: place_experts([1, 2], 2, 1, 2, expert_bytes=[1, 1]), "expert_bytes"),
-    (lambda: load_profile("pareto", 8), "kind"),
-    (lambda: load_profile("zipf", 0), "experts"),
-    (lambda: load_profile("zipf", 8, skew=-1), "skew"),
+    (lambda: synthetic_expert_loads("pareto", 8), "kind"),
+    (lambda: synthetic_expert_loads("zipf", 0), "experts"),
+    (lambda: synthetic_expert_loads("zipf", 8, skew=-1), "skew"),
 ])
 def test_bad_inputs_name_the_field(call, field):
     with pytest.raises(SpecError) as err:

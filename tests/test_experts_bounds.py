@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.experts import load_profile, lower_bounds, make_problem, place_experts
+from tangram_opt.experts import lower_bounds, make_problem, place_experts, synthetic_expert_loads
 from tangram_opt.experts.bounds import crowding_infeasible, pigeonhole_fill_bound, spread_fill_bound
 
 
@@ -149,7 +149,7 @@ def test_few_spare_slots_limit_how_many_experts_are_split():
 
 def test_issue_instance_is_certified_within_one_percent():
     # 64 experts on 16 ranks x 4 slots (no spare slot), Zipf 1.0: the hottest expert plus the three lightest
-    w = load_profile("zipf", 64, 1.0, tokens=64 * 4096, seed=1)
+    w = synthetic_expert_loads("zipf", 64, 1.0, tokens=64 * 4096, seed=1)
     pl = place_experts(w, 16, 2, 4, time_limit_s=10)
     srt = sorted(w)
     assert pl.max_load == pytest.approx(srt[-1] + sum(srt[:3]))

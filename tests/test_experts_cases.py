@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tangram_opt.experts import check_placement, load_profile, lower_bounds, make_problem, place_experts
+from tangram_opt.experts import check_placement, lower_bounds, make_problem, place_experts, synthetic_expert_loads
 from tangram_opt.experts.bounds import crowding_infeasible
 from tangram_opt.experts.cases import case_bound, case_counts, case_infeasible, case_starts, pack_counts
-from tangram_opt.experts.placement import Certificate, build_placement
+from tangram_opt.experts.placement import PlacementCertificate, build_placement
 
 
 def gale(loads, holders, R):
@@ -91,7 +91,7 @@ def test_few_spare_slots_benchmark_size_is_proven_optimal():
     # 60 experts (Qwen1.5-MoE-A2.7B's routed experts) on 16 ranks x 4 slots: 4 spare slots, Zipf 1.0. The
     # hottest expert needs 3 replicas, the second 2, which leaves one free replica; the older bounds stopped at
     # w_1 / 3 = 1.140 x mean, the cases prove 1.311 (the hottest expert's three ranks also hold 8 light experts)
-    w = load_profile("zipf", 60, 1.0, tokens=60 * 4096, seed=1)
+    w = synthetic_expert_loads("zipf", 60, 1.0, tokens=60 * 4096, seed=1)
     p = make_problem(w, 16, 2, 4)
     b = {x.source: x.value for x in lower_bounds(p)}
     assert b["replica-case"] >= 1.31 * p.mean_load
@@ -104,13 +104,13 @@ def test_few_spare_slots_benchmark_size_is_proven_optimal():
 def test_case_starts_find_counts_the_greedy_misses():
     # Zipf 0.5 on the same size: the greedy's counts (3, 2, 2, 1 for the four hottest) leave a whole
     # 0.57 x mean expert that cannot get below 1.011 x mean; the cases' counts reach 1.003 or better
-    w = load_profile("zipf", 60, 0.5, tokens=60 * 4096, seed=1)
+    w = synthetic_expert_loads("zipf", 60, 0.5, tokens=60 * 4096, seed=1)
     p = make_problem(w, 16, 2, 4)
     lb = max(b.value for b in lower_bounds(p))
     s = case_starts(p, lb, 1.02 * lb, time_limit_s=5.0, target=lb * 1.0005)
     assert s is not None
-    pl = build_placement(p, s, method="mip", certificate=Certificate(status="feasible", objective=0.0, bound=0.0,
-                                                                      max_load_bound=0.0))
+    pl = build_placement(p, s, method="mip", certificate=PlacementCertificate(status="feasible", objective=0.0,
+                                                                              bound=0.0, max_load_bound=0.0))
     assert check_placement(p, pl) == []
     assert pl.max_load <= 1.003 * p.mean_load
 
@@ -128,7 +128,7 @@ def test_pack_counts_respects_slots_and_memory():
 def test_too_many_cases_refute_nothing():
     # the same 60 / 16 x 4 instance: 1.2 x mean is refuted, but not when the case budget is too small to
     # enumerate (the test then gives up rather than guess), and no counts are offered either
-    w = load_profile("zipf", 60, 1.0, tokens=60 * 4096, seed=1)
+    w = synthetic_expert_loads("zipf", 60, 1.0, tokens=60 * 4096, seed=1)
     p = make_problem(w, 16, 2, 4)
     assert case_infeasible(p, 1.2 * p.mean_load)
     assert not case_infeasible(p, 1.2 * p.mean_load, max_cases=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tangram_opt.experts import load_profile, make_problem, place_experts
+from tangram_opt.experts import make_problem, place_experts, synthetic_expert_loads
 from tangram_opt.experts.differencing import differencing_placement, replica_counts
 from tangram_opt.experts.improve import iterated_local_search, local_search
 
@@ -38,7 +38,7 @@ def test_two_for_two_exchange_when_no_single_swap_helps():
 
 
 def test_differencing_fills_every_rank_exactly():
-    w = load_profile("lognormal", 64, 1.0, tokens=64 * 1000, seed=2)
+    w = synthetic_expert_loads("lognormal", 64, 1.0, tokens=64 * 1000, seed=2)
     p = make_problem(w, 16, 2, 4)
     served = differencing_placement(p)
     assert_valid(p, served)
@@ -48,7 +48,7 @@ def test_differencing_fills_every_rank_exactly():
 
 def test_differencing_with_spare_slots_spends_the_replica_budget():
     # DeepSeek-V3 prefill shape: 256 experts on 32 ranks x 9 slots (8 + 1 redundant)
-    w = load_profile("zipf", 256, 1.5, tokens=256 * 100, seed=1)
+    w = synthetic_expert_loads("zipf", 256, 1.5, tokens=256 * 100, seed=1)
     p = make_problem(w, 32, 4, 9)
     counts = replica_counts(p)
     assert sum(counts) == 288 and max(counts) == counts[int(max(range(256), key=lambda e: w[e]))]
@@ -62,7 +62,7 @@ def test_differencing_with_spare_slots_spends_the_replica_budget():
 
 
 def test_iterated_local_search_is_seeded_and_never_worse():
-    w = load_profile("lognormal", 32, 0.5, tokens=32 * 500, seed=5)
+    w = synthetic_expert_loads("lognormal", 32, 0.5, tokens=32 * 500, seed=5)
     p = make_problem(w, 8, 1, 4)
     start = [{e: float(w[e]) for e in range(4 * r, 4 * r + 4)} for r in range(8)]
     a = iterated_local_search(p, start, time_limit_s=30, seed=3, rounds=20)
@@ -76,7 +76,7 @@ def test_iterated_local_search_is_seeded_and_never_worse():
 def test_full_instance_near_the_mean_is_certified():
     # log-normal 0.5 on 64 experts / 16 x 4: the optimum is within 0.1% of the mean; the exchange moves and
     # the kicks find a partition that close (single swaps stall at 0.43%)
-    w = load_profile("lognormal", 64, 0.5, tokens=64 * 4096, seed=1)
+    w = synthetic_expert_loads("lognormal", 64, 0.5, tokens=64 * 4096, seed=1)
     pl = place_experts(w, 16, 2, 4, time_limit_s=10)
     assert pl.certificate.gap <= 0.01
     assert all(len(pl.experts_on(r)) == 4 for r in range(16))

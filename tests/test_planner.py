@@ -346,12 +346,12 @@ def test_time_limit_returns_best_plan_with_its_gap():
 
 def test_skewed_expert_loads_stretch_moe_layers_through_the_placement():
     from tangram_opt.cost import CostModel, StageConfig
-    from tangram_opt.experts import ImbalanceModel, load_profile
+    from tangram_opt.experts import ImbalanceModel, synthetic_expert_loads
 
     model = load_model("mixtral-8x7b").with_layers(2)
     training = TrainingSpec(global_batch_size=16, seq_len=1024)
     node = load_cluster("h100-64").node_groups[0].node
-    loads = load_profile("zipf", experts=8, skew=1.5, tokens=80_000, seed=0, layers=2)
+    loads = synthetic_expert_loads("zipf", experts=8, skew=1.5, tokens=80_000, seed=0, layers=2)
     skew = ImbalanceModel(loads, time_limit_s=2)
     ratio = skew(8, 8)
     assert ratio > 1.2 and skew(1, 8) == 1.0

@@ -33,7 +33,7 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class RankGroupLayout:
     """How a group of ``n`` ranks, ``stride`` apart in rank order, sits on the node shape."""
 
     n: int
@@ -45,11 +45,11 @@ class Placement:
         return self.nodes > 1
 
 
-def place(node: NodeSpec, n: int, stride: int = 1) -> Placement:
+def place(node: NodeSpec, n: int, stride: int = 1) -> RankGroupLayout:
     if n <= 1:
-        return Placement(n=1, per_node=1, nodes=1)
+        return RankGroupLayout(n=1, per_node=1, nodes=1)
     per_node = max(1, min(n, node.gpus_per_node // max(1, stride)))
-    return Placement(n=n, per_node=per_node, nodes=math.ceil(n / per_node))
+    return RankGroupLayout(n=n, per_node=per_node, nodes=math.ceil(n / per_node))
 
 
 def _factor(kind: str, n: int) -> float:

@@ -27,7 +27,8 @@ from tangram_opt.experts.differencing import differencing_placement
 from tangram_opt.experts.greedy import greedy_placement
 from tangram_opt.experts.improve import iterated_local_search, local_search
 from tangram_opt.experts.mip import build_and_solve
-from tangram_opt.experts.placement import Certificate, Placement, build_placement, cross_node_tokens, moved_experts
+from tangram_opt.experts.placement import (ExpertPlacement, PlacementCertificate, build_placement, cross_node_tokens,
+                                           moved_experts)
 from tangram_opt.experts.problem import PlacementProblem, make_problem
 from tangram_opt.experts.split import optimal_split
 from tangram_opt.solvers import SolveOptions, SolveStatus, get_backend
@@ -83,8 +84,8 @@ def _conserve(p: PlacementProblem, served: Sequence[dict[int, float]]) -> list[d
 
 def _certificate(p: PlacementProblem, served, *, status: str, alpha: float, beta: float, bound_obj: float,
                  load_bound: float, bound_source: str, backend: str = "", solve_time_s: float = 0.0,
-                 note: str = "") -> Certificate:
-    return Certificate(status=status, objective=_objective(p, served, alpha, beta), bound=bound_obj,
+                 note: str = "") -> PlacementCertificate:
+    return PlacementCertificate(status=status, objective=_objective(p, served, alpha, beta), bound=bound_obj,
                        max_load_bound=load_bound, backend=backend, solve_time_s=solve_time_s,
                        bound_source=bound_source, note=note)
 
@@ -92,7 +93,7 @@ def _certificate(p: PlacementProblem, served, *, status: str, alpha: float, beta
 def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFAULT_PLACEMENT_BACKEND,
                 time_limit_s: float = 10.0, rel_gap: float = DEFAULT_REL_GAP, cross_node_weight: float = 0.0,
                 move_weight: float = 0.0, num_groups: int | None = None, threads: int = 1, seed: int = 0,
-                local_search_s: float | None = None, heuristics: bool = True) -> Placement:
+                local_search_s: float | None = None, heuristics: bool = True) -> ExpertPlacement:
     """Place one layer (see :func:`place_experts` for the arguments).
 
     ``heuristics=False`` skips the greedy warm start, local search and the early stop on the
@@ -212,10 +213,10 @@ def place_experts(loads: Any, ranks: int, nodes: int, slots: int | Sequence[int]
                   cross_node_weight: float = 0.0, move_weight: float = 0.0, max_redundant: int | None = None,
                   expert_bytes: Sequence[float] | None = None,
                   rank_memory_bytes: float | Sequence[float] | None = None, num_groups: int | None = None,
-                  threads: int = 1, seed: int = 0) -> Placement | list[Placement]:
+                  threads: int = 1, seed: int = 0) -> ExpertPlacement | list[ExpertPlacement]:
     """Place MoE experts (and redundant replicas) on EP ranks, minimizing the hottest rank's load.
 
-    ``loads``: tokens per expert, 1-D (one layer -> one :class:`Placement`) or 2-D (layers x experts ->
+    ``loads``: tokens per expert, 1-D (one layer -> one :class:`ExpertPlacement`) or 2-D (layers x experts ->
     a list, one placement per layer). ``ranks`` EP ranks in ``nodes`` equal nodes, ``slots`` replicas per
     rank (an int or one per rank; ``slots x ranks >= experts``), ``max_redundant`` caps the replicas beyond
     one per expert (default: every spare slot may hold one). ``method``: ``"mip"`` (certified) or
@@ -300,7 +301,7 @@ class ImbalanceModel:
         self.loads = loads
         self.redundant_per_rank = int(redundant_per_rank)
         self.method, self.time_limit_s, self.backend = method, time_limit_s, backend
-        self.placements: dict[tuple[int, int], list[Placement]] = {}
+        self.placements: dict[tuple[int, int], list[ExpertPlacement]] = {}
         self._ratio: dict[tuple[int, int], float] = {}
 
     def __call__(self, ep: int, gpus_per_node: int) -> float:

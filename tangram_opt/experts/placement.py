@@ -15,6 +15,7 @@ A single-node EP group has no cross-node tokens.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ EMPTY = -1  # slot_expert value of an unused slot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Certificate:
+class PlacementCertificate:
     """How good a placement is, proven.
 
     ``bound`` is a valid lower bound on ``objective`` over *all* placements of the stated problem
@@ -58,15 +59,15 @@ class Certificate:
                 "solve_time_s": self.solve_time_s, "bound_source": self.bound_source, "note": self.note}
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Certificate:
-        return Certificate(status=str(d["status"]), objective=float(d["objective"]), bound=float(d["bound"]),
-                           max_load_bound=float(d["max_load_bound"]), backend=str(d.get("backend", "")),
-                           solve_time_s=float(d.get("solve_time_s", 0.0)), bound_source=str(d.get("bound_source", "")),
-                           note=str(d.get("note", "")))
+    def from_dict(d: Mapping[str, Any]) -> PlacementCertificate:
+        return PlacementCertificate(status=str(d["status"]), objective=float(d["objective"]), bound=float(d["bound"]),
+                                    max_load_bound=float(d["max_load_bound"]), backend=str(d.get("backend", "")),
+                                    solve_time_s=float(d.get("solve_time_s", 0.0)),
+                                    bound_source=str(d.get("bound_source", "")), note=str(d.get("note", "")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
+class ExpertPlacement:
     """Expert replicas on EP ranks for one MoE layer.
 
     ``slot_expert[r][s]`` is the expert held by slot ``s`` of rank ``r`` (``-1``: empty) and
@@ -79,7 +80,7 @@ class Placement:
     slot_expert: tuple[tuple[int, ...], ...]
     slot_tokens: tuple[tuple[float, ...], ...]
     method: str
-    certificate: Certificate
+    certificate: PlacementCertificate
     cross_node_tokens: float = 0.0
     moved_experts: int = 0
     """Replicas that are on a rank which did not hold that expert in the ``current`` placement."""
@@ -140,14 +141,14 @@ class Placement:
                 "imbalance": self.imbalance}
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Placement:
+    def from_dict(d: Mapping[str, Any]) -> ExpertPlacement:
         try:
-            return Placement(loads=tuple(float(x) for x in d["loads"]), ranks_per_node=int(d["ranks_per_node"]),
-                             slot_expert=tuple(tuple(int(e) for e in r) for r in d["slot_expert"]),
-                             slot_tokens=tuple(tuple(float(t) for t in r) for r in d["slot_tokens"]),
-                             method=str(d["method"]), certificate=Certificate.from_dict(d["certificate"]),
-                             cross_node_tokens=float(d.get("cross_node_tokens", 0.0)),
-                             moved_experts=int(d.get("moved_experts", 0)))
+            return ExpertPlacement(loads=tuple(float(x) for x in d["loads"]), ranks_per_node=int(d["ranks_per_node"]),
+                                   slot_expert=tuple(tuple(int(e) for e in r) for r in d["slot_expert"]),
+                                   slot_tokens=tuple(tuple(float(t) for t in r) for r in d["slot_tokens"]),
+                                   method=str(d["method"]), certificate=PlacementCertificate.from_dict(d["certificate"]),
+                                   cross_node_tokens=float(d.get("cross_node_tokens", 0.0)),
+                                   moved_experts=int(d.get("moved_experts", 0)))
         except KeyError as exc:
             raise SpecError(f"placement.{exc.args[0]}", None, "is missing", "pass a dict made by to_dict()") from None
 
@@ -188,8 +189,9 @@ def served_by_rank(slot_expert: Sequence[Sequence[int]], slot_tokens: Sequence[S
 
 
 def build_placement(p: PlacementProblem, served: Sequence[Mapping[int, float]], *, method: str,
-                    certificate: Certificate, holders: Sequence[Sequence[int]] | None = None) -> Placement:
-    """A :class:`Placement` from ``served[r][e]`` tokens (``holders[r]`` lists replicas, default the keys).
+                    certificate: PlacementCertificate,
+                    holders: Sequence[Sequence[int]] | None = None) -> ExpertPlacement:
+    """An :class:`ExpertPlacement` from ``served[r][e]`` tokens (``holders[r]`` lists replicas, default the keys).
 
     Replicas that serve no tokens are kept only when listed in ``holders`` (e.g. EPLB fills every slot)."""
     rows_e, rows_t = [], []
@@ -201,12 +203,12 @@ def build_placement(p: PlacementProblem, served: Sequence[Mapping[int, float]], 
         rows_e.append(tuple(es) + (EMPTY,) * pad)
         rows_t.append(tuple(ts) + (0.0,) * pad)
     hold = [[e for e in row if e != EMPTY] for row in rows_e]
-    return Placement(loads=p.loads, ranks_per_node=p.ranks_per_node, slot_expert=tuple(rows_e),
-                     slot_tokens=tuple(rows_t), method=method, certificate=certificate,
-                     cross_node_tokens=cross_node_tokens(p, served), moved_experts=moved_experts(p, hold))
+    return ExpertPlacement(loads=p.loads, ranks_per_node=p.ranks_per_node, slot_expert=tuple(rows_e),
+                           slot_tokens=tuple(rows_t), method=method, certificate=certificate,
+                           cross_node_tokens=cross_node_tokens(p, served), moved_experts=moved_experts(p, hold))
 
 
-def check_placement(p: PlacementProblem, pl: Placement, *, rel_tol: float = 1e-6) -> list[str]:
+def check_placement(p: PlacementProblem, pl: ExpertPlacement, *, rel_tol: float = 1e-6) -> list[str]:
     """Independent validity check: every expert served in full, slots and memory respected, the
     replica budget kept, shares non-negative. Returns the violations (empty when valid)."""
     bad = []
@@ -245,3 +247,15 @@ def check_placement(p: PlacementProblem, pl: Placement, *, rel_tol: float = 1e-6
     if not math.isclose(sum(pl.rank_loads), p.total_load, rel_tol=1e-6, abs_tol=tol):
         bad.append(f"rank loads sum to {sum(pl.rank_loads)}, total load is {p.total_load}")
     return bad
+
+
+#: old name -> new one, still importable from here with a DeprecationWarning
+_RENAMED = {"Placement": "ExpertPlacement", "Certificate": "PlacementCertificate"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        warnings.warn(f"tangram_opt.experts.placement.{name} is now tangram_opt.experts.placement.{_RENAMED[name]}; "
+                      "the old name will be removed", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'tangram_opt.experts.placement' has no attribute {name!r}")

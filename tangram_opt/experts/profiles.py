@@ -16,6 +16,9 @@ The generator is ``numpy.random.default_rng(seed)``: the same arguments give the
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import numpy as np
 
 from tangram_opt.errors import SpecError
@@ -34,8 +37,8 @@ def _whole_tokens(share: np.ndarray, tokens: int) -> np.ndarray:
     return out
 
 
-def load_profile(kind: str = "zipf", experts: int = 64, skew: float = 1.0, tokens: int = 1_000_000, seed: int = 0,
-                 layers: int = 1) -> np.ndarray:
+def synthetic_expert_loads(kind: str = "zipf", experts: int = 64, skew: float = 1.0, tokens: int = 1_000_000,
+                           seed: int = 0, layers: int = 1) -> np.ndarray:
     """Tokens per expert: shape ``(experts,)`` for one layer, ``(layers, experts)`` for several.
 
     ``tokens`` is the number of routed token-expert assignments per layer (tokens x top_k).
@@ -62,3 +65,15 @@ def load_profile(kind: str = "zipf", experts: int = 64, skew: float = 1.0, token
         rows.append(_whole_tokens(share, int(tokens)))
     out = np.asarray(rows, dtype=np.int64)
     return out[0] if layers == 1 else out
+
+
+#: old name -> new one, still importable from here with a DeprecationWarning
+_RENAMED = {"load_profile": "synthetic_expert_loads"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        warnings.warn(f"tangram_opt.experts.profiles.{name} is now tangram_opt.experts.profiles.{_RENAMED[name]}; "
+                      "the old name will be removed", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'tangram_opt.experts.profiles' has no attribute {name!r}")
