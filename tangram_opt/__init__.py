@@ -13,6 +13,9 @@ Quick use::
     result = to.simulate(plan, to.load_cluster("a100-v100"), to.load_model("llama-3-8b"), ...)
 
 Heavy parts (planner, simulator, expert placement) are imported on first use.
+
+Layer: this root module sits with the specs (it imports the errors and the specs and names
+everything else lazily, by string); the package's layers are listed in docs/design.md.
 """
 
 from __future__ import annotations

@@ -282,3 +282,25 @@ def test_renamed_names_still_work_with_a_warning(module, old, new):
         value = getattr(mod, old)
     assert value is getattr(importlib.import_module("tangram_opt.experts"), new)
     assert old not in getattr(mod, "__all__", ())
+
+
+# --- a layout a newcomer can read -----------------------------------------------------------------
+#: modules over ~600 lines, each one cohesive algorithm (docs/design.md, "Where things are", says why)
+LONG_MODULES = {"tangram_opt.cost.model", "tangram_opt.sim.simulate"}
+MAX_LINES = 600
+
+
+def test_no_module_over_600_lines_but_the_named_ones():
+    long = {module for module, (source, _) in package_sources().items() if source.count("\n") > MAX_LINES}
+    assert long <= LONG_MODULES, f"over {MAX_LINES} lines: {sorted(long - LONG_MODULES)} (split it, or say in " \
+                                 "docs/design.md why it is one algorithm and name it in LONG_MODULES)"
+    design = (PACKAGE_DIR.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    for module in LONG_MODULES:
+        assert module.removeprefix("tangram_opt.").replace(".", "/") + ".py" in design, module
+
+
+def test_every_package_says_what_it_holds_and_its_layer():
+    for module, (source, is_pkg) in package_sources().items():
+        if is_pkg:
+            doc = ast.get_docstring(ast.parse(source)) or ""
+            assert len(doc) > 40 and "layer" in doc.lower(), f"{module}/__init__.py: say what it holds and its layer"

@@ -1,4 +1,8 @@
-"""Baseline planners that return the same Plan type as the MIP (see docs/baselines.md)."""
+"""Baseline planners that return the same Plan type as the MIP (see docs/baselines.md).
+
+Layer: baselines and the multi-pipeline level, above the planning context and below the search (the
+best-homogeneous baseline receives the search as a ``solver`` callable).
+"""
 
 from tangram_opt.baselines.greedy import GreedyResult, greedy, greedy_by_micro_batch
 from tangram_opt.baselines.homogeneous import HomogeneousResult, best_homogeneous, reprice

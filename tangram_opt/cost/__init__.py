@@ -1,4 +1,8 @@
-"""Cost model: time and memory of one homogeneous stage configuration (see docs/cost_model.md)."""
+"""Cost model: time and memory of one homogeneous stage configuration (see docs/cost_model.md).
+
+Layer: cost model and solver backends, right above the specs; the planner reads it only through the
+candidate tables.
+"""
 
 from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, fit_calibration
 from tangram_opt.cost.comm import PipelineLink, collective_time_s, pipeline_link

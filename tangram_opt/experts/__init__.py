@@ -1,5 +1,4 @@
-"""Expert placement for MoE layers: a certified MIP and the public greedy baseline (layer: experts, beside
-the cost model; the planner reads only ``ImbalanceModel``).
+"""Expert placement for MoE layers: a certified MIP and the public greedy baseline.
 
 ``place_experts(loads, ranks, nodes, slots, ...)`` puts every routed expert (and redundant replicas of
 the hot ones) on expert-parallel ranks so that the hottest rank's load, which sets the pace of the MoE
@@ -9,6 +8,9 @@ formulations/expert_placement.md.
 
 Renamed (the old names still work, with a DeprecationWarning): ``Placement`` -> ``ExpertPlacement``,
 ``Certificate`` -> ``PlacementCertificate``, ``load_profile`` -> ``synthetic_expert_loads``.
+
+Layer: expert placement, above the cost model and solver backends; of the planner, only the search
+imports it (``ImbalanceModel``, when expert loads are given).
 """
 
 import warnings

@@ -9,6 +9,9 @@
 - :mod:`.megatron`, :mod:`.deepspeed`, :mod:`.torchtitan`: the framework-specific forms.
 
 See docs/exports.md for the flag sources and what a heterogeneous plan needs beyond each framework.
+
+Layer: consumers (beside sim, show and analysis): reads plans and specs, imports nothing of the
+search.
 """
 
 import json

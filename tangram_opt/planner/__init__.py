@@ -12,4 +12,7 @@ The layers, lowest first (each imports only its own and lower ones; tests/test_l
 - :mod:`.search`: ``solve`` and the branch and bound.
 
 docs/design.md draws the whole package.
+
+This ``__init__`` itself belongs to the lowest planner layer (plan space, islands, plans) and
+imports nothing.
 """

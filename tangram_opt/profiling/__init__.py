@@ -10,6 +10,9 @@ PyTorch is the optional ``profile`` extra: this package imports without it, and
 :func:`run_profile` raises :class:`TorchUnavailableError` (with the install command) when it is
 missing. Importing :mod:`~tangram_opt.profiling.blocks` or :mod:`~tangram_opt.profiling.timer`
 imports torch.
+
+Layer: consumers, above the search (it writes what the cost model reads, and imports the specs and
+the cost model only).
 """
 
 from tangram_opt.profiling.run import (CLI_FLAGS, INSTALL_FIX, EntryResult, ProfileRequest, ProfileResult,

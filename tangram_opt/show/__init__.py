@@ -3,6 +3,8 @@
 ``summary_text(plan)`` / ``plan_table(plan)`` back ``Plan.summary()`` / ``Plan.to_dataframe()``;
 ``plot_timeline``, ``plot_islands`` and ``plot_memory`` draw the pictures of docs/pictures.md.
 Plots import matplotlib only when called.
+
+Layer: consumers (beside sim, export and analysis), above the search.
 """
 
 from tangram_opt.planner.plan_summary import (TABLE_COLUMNS, headline, open_parts, plan_metrics, plan_table,

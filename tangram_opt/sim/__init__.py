@@ -2,6 +2,8 @@
 
 Neither shares a code path with the planner's candidate tables, MIP formulation or closed-form
 step time: both recompute every stage from the specs through the cost model. See docs/simulator.md.
+
+Layer: consumers (beside export, show and analysis), above the search, which it never imports.
 """
 
 from tangram_opt.sim._stages import StageWork

@@ -1,4 +1,8 @@
-"""Backend-neutral MILP modelling and the solver backends (CP-SAT, SCIP, HiGHS, CBC, PuLP+CBC)."""
+"""Backend-neutral MILP modelling and the solver backends (CP-SAT, SCIP, HiGHS, CBC, PuLP+CBC).
+
+Layer: cost model and solver backends, right above the specs; the formulations build their models on
+it.
+"""
 
 from tangram_opt.solvers.backends import (BACKENDS, DEFAULT_BACKEND, available_backends, get_backend, lp_relaxation_bound,
                                           solve_model)

@@ -1,4 +1,7 @@
-"""Input specifications: hardware, clusters, models and training runs."""
+"""Input specifications: hardware, clusters, models and training runs.
+
+Layer: specs, the lowest above units and errors; imports nothing else of the package.
+"""
 
 from tangram_opt.specs.cluster import (Cluster, NodeGroup, NodeSpec, ZoneLink, cluster_from_dict, example_clusters,
                                        load_cluster, make_cluster)

@@ -6,6 +6,9 @@ its prices before anything is solved, solves each distinct variant with :func:`t
 (in parallel: local worker processes, or Ray with ``ray_address``), prices each plan with
 :func:`tangram_opt.costing.plan_cost`, and returns a :class:`pandas.DataFrame` with one row per
 variant (:data:`COLUMNS`). ``figure=`` also writes the Pareto figure (:mod:`.pareto`).
+
+Layer: consumers, above the search (calls ``solve`` and ``plan_cost``); the command line sits above
+it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ see are these tables' numbers.
   provider protocol and the p2p path between two islands (:class:`BoundaryLink`);
 - :mod:`.analytical`: the default provider (enumerate the search space, price, prune exactly);
 - :mod:`.sync`: the prices of the gradient all-reduce across pipelines (multi-pipeline plans).
+
+Layer: candidate tables, above the plan space, islands and plans and below the formulations.
 """
 
 from tangram_opt.planner.candidates.analytical import (AnalyticalCandidates, HeuristicallyPruned, PruningStats,

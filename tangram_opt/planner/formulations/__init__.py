@@ -12,4 +12,7 @@ only) and never the cost model.
 - :mod:`.positional`: the positional MIP of the design sketch (§4);
 - :mod:`.ordering`: from a multiset of stage types to a real, ordered, polished plan;
 - :mod:`.bounds`, :mod:`.knapsack_bound`: bounds that need no solver (§5).
+
+Layer: formulations, above the candidate tables (and the solver backends) and below the planning
+context.
 """

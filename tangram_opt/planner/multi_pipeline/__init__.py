@@ -36,6 +36,9 @@ The modules:
 - :mod:`.generation`: level 1, which templates (sub-cluster searches through a passed-in solver);
 - :mod:`.level2`: level 2, the MIP choosing replicas and micro-batch counts;
 - :mod:`.combine`: the whole level, the plan it returns and the merged certificate.
+
+Layer: baselines and the multi-pipeline level: sees only candidate tables (never the cost model) and
+gets the single-pipeline search as a ``solver`` callable instead of importing it.
 """
 
 from tangram_opt.planner.multi_pipeline.combine import (MultiPipelineRun, assemble, describe_template_space,

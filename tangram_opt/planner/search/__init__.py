@@ -9,6 +9,9 @@
 - :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
 - :mod:`.primal`: primal heuristics (restricted search, knapsack covers);
 - :mod:`.launch`: the plan space of a launch target (plans one framework job runs) and its search.
+
+Layer: search, the top of the planner: above the multi-pipeline level and the baselines, below the
+consumers.
 """
 
 from tangram_opt.planner.search.api import LaunchPrice, launch_price, solve, solve_single_pipeline
