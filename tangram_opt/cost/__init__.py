@@ -1,7 +1,7 @@
 """Cost model: time and memory of one homogeneous stage configuration (see docs/cost_model.md).
 
-Layer: cost model and solver backends, right above the specs; the planner reads it only through the
-candidate tables.
+Layer: cost model and solver backends, right above the specs. The planner's candidate tables are
+priced with it; the formulations never import it (tests/test_layers.py).
 """
 
 from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, fit_calibration
