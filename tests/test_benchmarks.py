@@ -12,7 +12,7 @@ from benchmarks.run import main, run_scenario
 from benchmarks.scenario_suite import BENCH_DIR, METHODS, SCENARIO_DIR, load_scenario, load_scenarios
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.islands import find_islands
-from tangram_opt.specs import check_precision, list_presets, load_cluster
+from tangram_opt.specs import check_precision, list_presets, load_cluster, load_model
 
 TINY = """\
 name: tiny
@@ -128,3 +128,45 @@ def test_runner_writes_csv_markdown_plots_and_instances(tiny_dir: Path, tmp_path
     readme = (inst / "README.md").read_text()
     assert "`tiny.mps.gz`" in readme
     load_cluster(inst / "tiny.cluster.yaml")  # the exported cluster file is loadable on its own
+
+
+# --- planner_scaling --family comm (issue 27): the communication-bound cases -------------------------------
+def test_comm_family_cases_load() -> None:
+    from benchmarks.planner_scaling import COMM_DIR, comm_cases
+
+    cases = comm_cases()
+    names = [c.name for c in cases]
+    assert len(set(names)) == len(names)
+    files = {c.cluster for c in cases if isinstance(c.cluster, str)}
+    assert files == {p.stem for p in COMM_DIR.glob("*.yaml")}, "every comm cluster file is a case"
+    kinds = set()
+    for case in cases:
+        cluster = case.load_cluster()
+        assert 64 <= cluster.num_gpus <= 512
+        assert case.model in list_presets()
+        training = case.training(cluster)
+        check_precision(training, cluster)  # V100 cases are planned in fp16
+        kinds.add("moe" if load_model(case.model).is_moe else "dense")
+    assert kinds == {"dense", "moe"}
+    assert sum(c.name.startswith("issue 27") for c in cases) == 2
+
+
+def test_comm_family_tiny_case_plans_and_reports(tmp_path: Path) -> None:
+    from benchmarks.planner_scaling import CommCase, read_before, report_comm, run_comm
+
+    case = CommCase("tiny: 64 A10G+L4, OPT-350M", "comm-a10g-l4-4gpu-1z-64", "opt-350m", 64, seq=1024)
+    row = run_comm(case, limit_s=1.5, threads=1)
+    for key in ("multi", "single"):
+        assert row[f"{key}_step_s"] > 0
+        assert row[f"{key}_bound_s"] is not None
+        assert row[f"{key}_bound_s"] <= row[f"{key}_step_s"] * (1 + 1e-9)
+        assert 0 <= row[f"{key}_gap"] < 1
+    # the default certificate's space holds every single-pipeline plan: its bound is below them all
+    assert row["multi_bound_s"] <= row["single_step_s"] * (1 + 1e-9)
+    page = tmp_path / "comm.md"
+    page.write_text(report_comm([row], quick=True, threads=1), encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    assert "Machine:" in text and case.name in text
+    before = read_before(page)
+    assert before[case.name][0].endswith("%") and before[case.name][1].endswith("%")
+    assert case.name in report_comm([row], quick=True, threads=1, before=before)
