@@ -75,15 +75,15 @@ def test_notebook_runs_in_fast_mode(tmp_path, monkeypatch):
     assert n_backends >= 1
     assert rows["study1"] == 2 * n_backends  # two fast scenarios x every installed backend
     assert rows["study2"] == 2 * n_backends
-    for table in ("study3", "study4", "study5", "lp_table", "sweep"):
+    for table in ("study3", "study4", "study5", "lp_table", "sweep", "study7"):
         assert rows[table] > 0, table
     # the conclusions are generated from the measurements: every study wrote its paragraph
     markdown = "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
                          if o.output_type == "display_data" and "text/markdown" in o.get("data", {}))
-    assert markdown.count("*Measured") >= 7
+    assert markdown.count("*Measured") >= 8
     assert "best backend" in markdown
     figures = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert figures >= 6
+    assert figures >= 7
     assert elapsed < MAX_FAST_S, f"fast mode took {elapsed:.0f} s"
 
 
