@@ -4,7 +4,7 @@
                                                     # and the 512-GPU cases once more, stopping at 1%
     python -m benchmarks.planner_scaling --quick    # 20 s limits, no 4,096-GPU or 1% runs
     python -m benchmarks.planner_scaling --family comm           # communication-bound family (issue 27):
-                                                    # 10 cases x 2 certificates x 60 s, about 21 min on 2 cores
+                                                    # 10 cases x 2 certificates x 60 s, about 23-25 min on 2 cores
     python -m benchmarks.planner_scaling --family comm --quick   # the same at 8 s limits (smoke)
     python -m benchmarks.planner_scaling --family all            # both pages in one run
 
