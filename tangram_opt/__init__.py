@@ -37,6 +37,7 @@ _LAZY = {
     "solve": "tangram_opt.planner.search",
     "SearchEvent": "tangram_opt.planner.search",
     "SearchOptions": "tangram_opt.planner.search",
+    "Objective": "tangram_opt.planner.search",
     "launch_price": "tangram_opt.planner.search",
     "LaunchPrice": "tangram_opt.planner.search",
     "MultiPipelineOptions": "tangram_opt.planner.multi_pipeline",

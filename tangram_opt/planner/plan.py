@@ -140,9 +140,15 @@ class CertificateStatus(str, Enum):
 class Certificate:
     """How good the plan provably is, and within which plan space.
 
-    ``bound_s`` is a lower bound on the step time of every plan in ``plan_space`` (under the cost
-    model); ``gap = (objective_s - bound_s) / objective_s``. ``status`` is a :class:`CertificateStatus`
-    (a string given here is read as one).
+    ``objective`` names what was optimized (``"throughput"``, ``"min_cost"``, ``"cost_per_token"``;
+    formulations/pipeline_mip.md §7) and ``limits`` the limits it was subject to. ``objective_value``
+    and ``objective_bound`` are the plan's value and the lower bound over every plan of
+    ``plan_space`` that meets the limits, in ``objective_unit``; ``gap = (objective_value -
+    objective_bound) / objective_value``. ``objective_s`` is the plan's closed-form step time; under
+    the throughput objective ``bound_s`` bounds it (and the ``objective_*`` fields may be left out),
+    under a dollar objective ``bound_s`` is None. ``prices``: the plan's USD/h, USD per 1M tokens and
+    free nodes when the cluster's GPUs have prices. ``status`` is a :class:`CertificateStatus` (a
+    string given here is read as one).
     """
 
     status: CertificateStatus
@@ -155,8 +161,17 @@ class Certificate:
     subproblems: tuple[dict[str, Any], ...] = ()
     trajectory: tuple[tuple[float, float | None, float | None], ...] = ()
     notes: tuple[str, ...] = ()
+    objective: str = "throughput"
+    objective_value: float | None = None
+    objective_bound: float | None = None
+    objective_unit: str = "s per step"
+    limits: dict[str, float] = field(default_factory=dict)
+    prices: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.objective == "throughput":  # the objective is the step time: one figure, kept in sync
+            object.__setattr__(self, "objective_value", self.objective_s)
+            object.__setattr__(self, "objective_bound", self.bound_s)
         if not isinstance(self.status, CertificateStatus):
             try:
                 object.__setattr__(self, "status", CertificateStatus(self.status))
@@ -167,6 +182,11 @@ class Certificate:
     def describe(self) -> str:
         if self.gap is None:
             return f"{self.status} ({self.backend}, {self.solve_time_s:.1f} s): no bound"
+        if self.objective != "throughput" or self.limits:
+            lim = "".join(f", {k} {v:g}" for k, v in self.limits.items())
+            return (f"{self.status}: objective {self.objective}{lim}: {self.objective_value:.6g} {self.objective_unit}, "
+                    f"within {100 * self.gap:.2f}% of the best plan in the model (bound {self.objective_bound:.6g}, "
+                    f"{self.backend}, {self.solve_time_s:.1f} s)")
         return (f"{self.status}: within {100 * self.gap:.2f}% of the best plan in the model "
                 f"(bound {self.bound_s:.4f} s, {self.backend}, {self.solve_time_s:.1f} s)")
 

@@ -48,6 +48,10 @@ def plan_metrics(plan: Plan) -> dict[str, Any]:
         "status": cert.status if cert else None, "gap": cert.gap if cert else None,
         "bound_s": cert.bound_s if cert else None, "backend": cert.backend if cert else None,
         "solve_time_s": cert.solve_time_s if cert else None,
+        "objective": cert.objective if cert else None, "objective_value": cert.objective_value if cert else None,
+        "objective_bound": cert.objective_bound if cert else None,
+        "usd_per_hour": cert.prices["usd_per_hour"] if cert and cert.prices else None,
+        "usd_per_1m_tokens": cert.prices["usd_per_1m_tokens"] if cert and cert.prices else None,
     }
 
 
@@ -89,8 +93,15 @@ def headline(plan: Plan) -> list[str]:
             space = "searched space"
             if cert.plan_space.startswith("launch target "):
                 space = f"{cert.plan_space.split()[2].rstrip(':')} launch space (one job, every stage alike)"
-            lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {u.fmt_seconds(cert.bound_s)}"
-                         f" on every plan in the {space}; {cert.backend}, {cert.solve_time_s:.1f} s)")
+            if cert.objective != "throughput" or cert.limits:
+                lim = "".join(f", {k} {v:,.6g}" for k, v in cert.limits.items())
+                lines.append(f"objective: {cert.objective}{lim}: {cert.objective_value:,.6g} {cert.objective_unit}")
+                lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {cert.objective_bound:,.6g} "
+                             f"{cert.objective_unit} on every plan in the {space} that meets the limits; "
+                             f"{cert.backend}, {cert.solve_time_s:.1f} s)")
+            else:
+                lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {u.fmt_seconds(cert.bound_s)}"
+                             f" on every plan in the {space}; {cert.backend}, {cert.solve_time_s:.1f} s)")
             runtime = [n for n in cert.notes if n.startswith("runtime: ")]
             if runtime:
                 lines.append(runtime[0])
@@ -103,6 +114,11 @@ def headline(plan: Plan) -> list[str]:
                      f"{' + '.join(map(str, plan.sequences_per_pipeline))} sequences; step = slowest pipeline "
                      f"{u.fmt_seconds(slowest)} + cross-pipeline gradient all-reduce {u.fmt_seconds(plan.cross_sync_s)}"
                      f" + optimizer {u.fmt_seconds(plan.post_sync_s)}")
+    prices = cert.prices if cert is not None else None
+    if prices:
+        free = ", ".join(f"{f['group']} {f['nodes_free']}/{f['nodes']} nodes" for f in prices["free_nodes"])
+        lines.append(f"price: ${prices['usd_per_hour']:,.2f}/h for the GPUs used | ${prices['usd_per_1m_tokens']:,.4f} "
+                     f"per 1M tokens | free: {free or 'no whole node'}")
     used = plan.gpus_by_island()
     if plan.island_gpus:
         lines.append("islands: " + ", ".join(f"{name} {used.get(name, 0)}/{n} GPUs"

@@ -89,4 +89,39 @@ def brute_force(ctx: PlanningContext, *, max_stages: int | None = None,
     return BruteForceResult(step_time_s=best[0], pipeline_micro_batch=best[1], choices=best[2], plans_evaluated=count)
 
 
-__all__ = ["BruteForceResult", "brute_force", "enumerate_plans"]
+def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h: float | None = None,
+                       min_tokens_per_s: float | None = None, max_stages: int | None = None,
+                       dense_on_first_stage: bool = False) -> tuple[float, float, float] | None:
+    """Best plan under a dollar objective by exhaustive search: ``(objective value, closed-form
+    step time, USD/h)`` of the best plan meeting the limits (None if none does).
+
+    ``objective``: "throughput" (value: step time, s), "min_cost" (USD/h of the GPUs used, each
+    island's cheapest node groups first) or "cost_per_token" (USD per 1M tokens). Prices come from
+    the cluster (:mod:`tangram_opt.specs.pricing`), independently of the planner's price curves.
+    """
+    from tangram_opt.specs.pricing import price_steps, usd_per_hour_of
+
+    R = max_stages or ctx.max_stages
+    tokens = ctx.training.global_batch_size * ctx.training.seq_len
+    steps = {isl.index: price_steps(ctx.cluster, isl.node_groups) for isl in ctx.islands}
+    best: tuple[float, float, float] | None = None
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b, max_stages=R)
+        for choices in enumerate_plans(problem, dense_on_first_stage=dense_on_first_stage):
+            t = choices_timing(problem, list(choices)).step_time_s
+            used: dict[int, int] = {}
+            for st in choices:
+                c = problem.candidates[st.candidate]
+                used[c.island] = used.get(c.island, 0) + c.gpus
+            usd_h = sum(usd_per_hour_of(steps[i], n) for i, n in used.items())
+            if min_tokens_per_s is not None and tokens / t < min_tokens_per_s * (1 - 1e-12):
+                continue
+            if budget_usd_per_h is not None and usd_h > budget_usd_per_h * (1 + 1e-12):
+                continue
+            v = t if objective == "throughput" else usd_h if objective == "min_cost" else usd_h * t / 3600 / tokens * 1e6
+            if best is None or v < best[0]:
+                best = (v, t, usd_h)
+    return best
+
+
+__all__ = ["BruteForceResult", "brute_force", "brute_force_priced", "enumerate_plans"]

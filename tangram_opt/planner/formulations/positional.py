@@ -27,9 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tangram_opt import units as u
+from tangram_opt.planner.formulations.bounds import quick_lower_bound
 from tangram_opt.planner.formulations.inflight import inflight_from_end
-from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
-from tangram_opt.planner.formulations.ticks import rounders
+from tangram_opt.planner.formulations.problem import (FORMULATION_OBJECTIVES, FormulationOptions, PipelineProblem,
+                                                      StageChoice)
+from tangram_opt.planner.formulations.ticks import rounders, rounding_ticks
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
 MEM_UNIT_BYTES = u.MiB
@@ -48,6 +50,10 @@ class PositionalMIP:
     z: dict[tuple[int, int, int], Var] = field(default_factory=dict)
     u: dict[int, Var] = field(default_factory=dict)
     aux: dict[str, Var] = field(default_factory=dict)
+    #: §7: USD/h per island, USD/h x step per island, and the products x[r,c] * step
+    H: dict[int, Var] = field(default_factory=dict)
+    Q: dict[int, Var] = field(default_factory=dict)
+    zq: dict[tuple[int, int], Var] = field(default_factory=dict)
 
     # --- building ------------------------------------------------------------------------
     def build(self) -> PositionalMIP:
@@ -252,8 +258,85 @@ class PositionalMIP:
             md.add(Y >= tail[r] - upstream, f"tail[{r}]")
 
         obj = (m - 1) * Smax + lsum(T[r] for r in range(R)) + 2 * lsum(comm_fl.values()) + Y
-        md.minimize(obj)
+        md.minimize(self._priced(obj, islands))
         return self
+
+    def _priced(self, step: LinExpr, islands: list[int]) -> LinExpr:
+        """The limits and the objective of formulations/pipeline_mip.md §7 on the step time
+        ``step`` (ticks): the step cap, the USD/h of each island ``H[i]`` (its convex price curve,
+        one row per step), the budget, and the objective (the step time, ``sum H``, or
+        ``sum Q`` with ``Q[i] = H[i] x step`` made exact by ``zq[r,c] = x[r,c] x step``)."""
+        p, o, md = self.problem, self.options, self.model
+        if o.objective not in FORMULATION_OBJECTIVES:
+            raise ValueError(f"unknown objective {o.objective!r}")
+        fl, ce = rounders(o.tick_s)
+        slack = rounding_ticks(p.num_micro_batches)
+        cap = None
+        if o.max_step_s is not None:
+            cap = math.floor(o.max_step_s / o.tick_s + 1e-9) + slack
+            md.add(step <= cap, "max_step")
+        if o.objective == "step_time" and o.budget_usd_per_h is None:
+            return step
+        if not p.island_prices:
+            raise ValueError("a price objective or budget needs PipelineProblem.island_prices")
+        cands = p.candidates
+        unit = o.price_unit_usd_h
+        G = {i: lsum(cands[ci].gpus * xv for (r, ci), xv in self.x.items() if cands[ci].island == i) for i in islands}
+        pieces: dict[int, list[tuple[int, int]]] = {}  # island -> (a, q): H >= a + q G (price units)
+        for i in islands:
+            start, f, rows = 0, 0, []
+            for n, price in p.island_prices[i]:
+                q = math.floor(price / unit + 1e-9)  # rounded down: the model never overprices
+                rows.append((f - q * start, q))
+                start, f = start + n, f + q * n
+            pieces[i] = rows
+            self.H[i] = md.add_var(f"H[{i}]", 0, f, integer=True)
+            for j, (a, q) in enumerate(rows):
+                md.add(self.H[i] >= a + q * G[i], f"price[{i},{j}]")
+        if o.budget_usd_per_h is not None:
+            md.add(lsum(self.H.values()) <= math.floor(o.budget_usd_per_h / unit + 1e-9), "budget")
+        if o.objective == "step_time":
+            return step
+        if o.objective == "usd_per_hour":
+            return lsum(self.H.values())
+        # usd_per_step: Q[i] >= a_j step + q_j sum_c g_c zq[r,c], zq[r,c] = x[r,c] * step (big-M, exact)
+        big = cap if cap is not None else self._step_cap_ticks(ce) + slack
+        md.add(step <= big, "step_cap")
+        low = min(fl(quick_lower_bound(p)), big)  # every plan's step is at least this: zq >= low x
+        for (r, ci), xv in self.x.items():
+            zv = self.zq[r, ci] = md.add_var(f"zq[{r},{ci}]", 0, big, integer=True)
+            md.add(zv - step - big * xv >= -big, f"zq_def[{r},{ci}]")
+            md.add(zv >= low * xv, f"zq_low[{r},{ci}]")
+            md.add(zv <= big * xv, f"zq_x[{r},{ci}]")
+        # one candidate per active position: sum_c zq[r,c] = step x act[r] (= step at r = 0, the
+        # last stage, always active), and active positions are contiguous from the end
+        Z = {r: lsum(zv for (rr, _), zv in self.zq.items() if rr == r) for r in range(p.max_stages)}
+        for r, zr in Z.items():
+            md.add(zr == step if r == 0 else zr <= step, f"zq_pos[{r}]")
+            if r > 0:
+                md.add(zr <= Z[r - 1], f"zq_contig[{r}]")
+        for i in islands:
+            gz = lsum(cands[ci].gpus * zv for (r, ci), zv in self.zq.items() if cands[ci].island == i)
+            top = sum(n * q for (n, _), (_, q) in zip(p.island_prices[i], pieces[i]))  # f(all GPUs)
+            self.Q[i] = md.add_var(f"Q[{i}]", 0, top * big, integer=True)
+            for j, (a, q) in enumerate(pieces[i]):
+                md.add(self.Q[i] >= a * step + q * gz, f"price_step[{i},{j}]")
+        return lsum(self.Q.values())
+
+    def _step_cap_ticks(self, ce) -> int:  # type: ignore[no-untyped-def]
+        """An upper bound (ticks) of the model's step time of every plan: every layer at its
+        slowest candidate on one stage, every link at its slowest, every tail at its largest."""
+        p = self.problem
+        cands = p.candidates
+        R, m = p.max_stages, p.num_micro_batches
+        work = sum(n * max(ce(c.layer[k].time_s) for c in cands) for k, n in p.layers.items())
+        work += max(ce(c.embedding.time_s) for c in cands) + max(ce(c.head.time_s) for c in cands)
+        comm = 2 * R * ce(max(p.link_hi_s.values(), default=0.0))
+        tails = sum(n * max(ce(c.layer[k].step_tail_time_s) for c in cands) for k, n in p.layers.items())
+        tails += max(ce(c.embedding.step_tail_time_s) for c in cands) + max(ce(c.head.step_tail_time_s)
+                                                                           for c in cands)
+        period = 2 * (work + comm)  # GPipe: Fmax + Bmax, each at most the work plus the links
+        return m * (period + work + comm) + tails
 
     # --- solutions -----------------------------------------------------------------------
     def decode(self, values: Sequence[float]) -> list[StageChoice]:

@@ -40,6 +40,10 @@ class PipelineProblem:
     max_stages: int
     min_stages: int = 1
     schedule: str = "1f1b"
+    #: island index -> its price curve, cheapest GPUs first: ``((GPUs, USD per GPU-hour), ...)``.
+    #: Using ``n`` GPUs of the island costs the first ``n`` along the steps (convex, piecewise
+    #: linear; one step when the island has one price). Empty: no prices (the step-time objective)
+    island_prices: dict[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     link_lo_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     link_hi_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
@@ -73,6 +77,14 @@ class PipelineProblem:
     @property
     def total_layers(self) -> int:
         return sum(self.layers.values())
+
+    def usd_per_hour(self, choices: Sequence[StageChoice]) -> float:
+        """USD per hour of the GPUs ``choices`` use, each island's taken cheapest first."""
+        used: dict[int, int] = {}
+        for st in choices:
+            c = self.candidates[st.candidate]
+            used[c.island] = used.get(c.island, 0) + c.gpus
+        return sum(island_usd_per_hour(self.island_prices[i], n) for i, n in used.items())
 
     def boundary_s(self, src: Candidate, dst: Candidate) -> float:
         """Exact p2p time from a stage of candidate ``src`` to the next, of candidate ``dst``."""
@@ -114,6 +126,31 @@ class FormulationOptions:
     #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
     #: without them
     order_rows: bool = True
+    #: what the model minimizes (formulations/pipeline_mip.md §7): "step_time" (the default),
+    #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
+    #: products of the stage binaries and the step time). The last two need ``island_prices``
+    objective: str = "step_time"
+    #: limits: USD per hour of the GPUs used, and the step time (a throughput floor)
+    budget_usd_per_h: float | None = None
+    max_step_s: float | None = None
+    #: money unit of the price rows (USD per hour); prices are rounded down to it (valid bounds)
+    price_unit_usd_h: float = 1e-4
+
+
+#: ``FormulationOptions.objective`` values
+FORMULATION_OBJECTIVES = ("step_time", "usd_per_hour", "usd_per_step")
+
+
+def island_usd_per_hour(steps: Sequence[tuple[int, float]], gpus: int) -> float:
+    """USD per hour of ``gpus`` GPUs taken cheapest first along an island's price ``steps``."""
+    total, left = 0.0, gpus
+    for n, price in steps:
+        take = min(n, left)
+        total += take * price
+        left -= take
+    if left > 0:
+        raise ValueError(f"{gpus} GPUs asked of an island of {sum(n for n, _ in steps)}")
+    return total
 
 
 def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
@@ -123,4 +160,5 @@ def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> 
                            problem.num_micro_batches, problem.schedule)
 
 
-__all__ = ["FormulationOptions", "PipelineProblem", "StageChoice", "choices_timing"]
+__all__ = ["FORMULATION_OBJECTIVES", "FormulationOptions", "PipelineProblem", "StageChoice", "choices_timing",
+           "island_usd_per_hour"]

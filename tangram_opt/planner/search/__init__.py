@@ -8,6 +8,8 @@
   selection, worker processes and the certificate;
 - :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
 - :mod:`.primal`: primal heuristics (restricted search, knapsack covers);
+- :mod:`.objective`: :class:`Objective` (throughput, min_cost, cost_per_token; budget, floor);
+- :mod:`.priced`: the search under a non-default objective (priced positional MIPs);
 - :mod:`.launch`: the plan space of a launch target (plans one framework job runs) and its search.
 
 Layer: search, the top of the planner: above the multi-pipeline level and the baselines, below the
@@ -16,7 +18,8 @@ consumers.
 
 from tangram_opt.planner.search.api import LaunchPrice, launch_price, solve, solve_single_pipeline
 from tangram_opt.planner.search.nodes import SearchEvent
+from tangram_opt.planner.search.objective import OBJECTIVES, Objective
 from tangram_opt.planner.search.options import FORMULATIONS, SearchOptions
 
-__all__ = ["FORMULATIONS", "LaunchPrice", "SearchEvent", "SearchOptions", "launch_price", "solve",
+__all__ = ["FORMULATIONS", "OBJECTIVES", "LaunchPrice", "Objective", "SearchEvent", "SearchOptions", "launch_price", "solve",
            "solve_single_pipeline"]

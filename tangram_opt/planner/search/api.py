@@ -28,7 +28,9 @@ from tangram_opt.planner.plan import Plan
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.branch_and_bound import BranchAndBound
 from tangram_opt.planner.search.nodes import SearchEvent
+from tangram_opt.planner.search.objective import Objective, objective_input
 from tangram_opt.planner.search.options import SearchOptions
+from tangram_opt.planner.search.priced import PricedSearch, plan_prices
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import DEFAULT_BACKEND, get_backend
 from tangram_opt.specs import load_cluster, load_model, load_training, training_from_dict
@@ -51,7 +53,9 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | str | Path | None = None,
           expert_loads: Any = None, moe_load_imbalance: float | Callable[[int, int], float] = 1.0,
           provider: CandidateProvider | None = None, options: SearchOptions | None = None,
-          launch: str | None = None, **legacy_knobs: Any) -> Plan:
+          launch: str | None = None, objective: Objective | str | None = None,
+          budget_usd_per_h: float | None = None, min_tokens_per_s: float | None = None,
+          **legacy_knobs: Any) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
     Returns the best plan found with a :class:`~tangram_opt.planner.plan.Certificate` (incumbent,
@@ -88,7 +92,15 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       certificate is over that space. None: the whole plan space;
     - ``options``: the research knobs (:class:`SearchOptions`: formulation, windows, cuts, leaves,
       warm start, the multi-pipeline level). The keywords these had before (``formulation=``,
-      ``multi_pipeline=``, ...) are still accepted, with a DeprecationWarning.
+      ``multi_pipeline=``, ...) are still accepted, with a DeprecationWarning;
+    - ``objective``: "throughput" (the default), "min_cost" (USD/h of the GPUs used) or
+      "cost_per_token", or an :class:`~tangram_opt.planner.search.objective.Objective`; limits
+      ``budget_usd_per_h`` (USD/h of the GPUs used) and ``min_tokens_per_s`` (a throughput floor).
+      Anything but throughput without limits runs the priced search (priced.py; formulations/
+      pipeline_mip.md §7): single pipelines, one priced positional MIP per pipeline micro-batch
+      size, the certificate on that objective; ``launch=`` and explicit windows, knapsack or
+      sequence leaves are refused there. Limits no plan meets raise :class:`InfeasibleError` with
+      the figure that misses (the cheapest plan's USD/h, the fastest plan's tokens/s).
     """
     t0 = time.perf_counter()
     options = _options(options, legacy_knobs)
@@ -99,6 +111,15 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     calibration = calibration_input(calibration)
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
+    goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s)
+    if not goal.is_default:
+        if launch is not None:
+            raise SpecError("launch", launch, f"cannot be combined with a non-default objective ({goal.describe()}): "
+                            "launch targets are searched for throughput only", "drop launch= or the objective and limits")
+        return _solve_priced(cluster, model, training, goal, options=options, space=space, calibration=calibration,
+                             profiles=profiles, provider=provider, moe_load_imbalance=moe_load_imbalance,
+                             expert_loads=expert_loads, backend=backend, time_limit_s=time_limit_s, threads=threads,
+                             seed=seed, rel_gap=rel_gap, on_progress=on_progress, t0=t0)
     if launch is not None:
         return _solve_launch(cluster, model, training, launch=launch, options=options, space=space,
                              calibration=calibration, profiles=profiles, provider=provider,
@@ -123,7 +144,47 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
         plan = with_multi_pipeline(ctx, plan, solver=solve_single_pipeline, backend=backend, time_limit_s=time_limit_s,
                                    t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
                                    options=knobs.multi_pipeline_options)
-    return _attach_expert_placement(plan, moe_load_imbalance)
+    return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
+
+
+def _solve_priced(cluster: Cluster, model: ModelSpec, training: TrainingSpec, goal: Objective, *,
+                  options: SearchOptions, space: SearchSpace, calibration: Calibration | None,
+                  profiles: ProfileSet | None, provider: CandidateProvider | None, moe_load_imbalance: Any,
+                  expert_loads: Any, backend: str, time_limit_s: float, threads: int, seed: int, rel_gap: float,
+                  on_progress: Callable[[SearchEvent], None] | None, t0: float) -> Plan:
+    """``solve`` under a non-default objective or limits (priced.py): single pipelines, one priced
+    positional MIP per pipeline micro-batch size. Search features whose bounds are step-time
+    bounds are refused when asked for explicitly."""
+    for name in ("windows", "knapsack", "sequence_leaves"):
+        if getattr(options, name):
+            raise SpecError(f"options.{name}", True, f"bounds the step time, not {goal.describe()}",
+                            f"leave {name} None (or False) with a non-default objective")
+    if options.multi_pipeline_options is not None:
+        raise SpecError("options.multi_pipeline_options", options.multi_pipeline_options,
+                        f"is given with a non-default objective ({goal.describe()}): the multi-pipeline level "
+                        "searches for throughput only", "drop it, or plan for throughput")
+    if expert_loads is not None:
+        from tangram_opt.experts import ImbalanceModel
+
+        moe_load_imbalance = ImbalanceModel(expert_loads, time_limit_s=max(1.0, min(10.0, time_limit_s / 20)))
+    ctx = PlanningContext(cluster, model, training, space=space, calibration=calibration, provider=provider,
+                          moe_load_imbalance=moe_load_imbalance, profiles=profiles)
+    plan = PricedSearch(ctx, goal, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
+                        rel_gap=rel_gap, fluid_cuts=options.fluid_cuts, warm_start=options.warm_start,
+                        on_progress=on_progress, t0=t0).run()
+    return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
+
+
+def _with_prices(plan: Plan, ctx: PlanningContext) -> Plan:
+    """``plan`` with its dollar figures in the certificate (``Certificate.prices``), when every
+    GPU of the cluster has a price."""
+    if plan.certificate is None:
+        return plan
+    try:
+        prices = plan_prices(plan, ctx)
+    except SpecError:
+        return plan
+    return replace(plan, certificate=replace(plan.certificate, prices=prices))
 
 
 def _solve_launch(cluster: Cluster, model: ModelSpec, training: TrainingSpec, *, launch: str,

@@ -1,0 +1,107 @@
+"""What a search optimizes and under which limits (issue 30 item 2, formulations/pipeline_mip.md §7).
+
+:class:`Objective` is what ``solve(objective=...)`` and ``tangram-opt plan --objective`` take:
+
+- ``"throughput"`` (the default): the shortest step, i.e. the most tokens per second;
+- ``"min_cost"``: the fewest US dollars per hour for the GPUs the plan uses (usually with a
+  throughput floor; without one it is the cheapest plan that fits at all);
+- ``"cost_per_token"``: the fewest dollars per token, i.e. USD/h of the GPUs used x step time.
+
+Limits, with any objective: ``budget_usd_per_h`` (USD per hour of the GPUs the plan uses) and
+``min_tokens_per_s`` (a throughput floor: step time <= tokens per step / floor). Prices are those of
+:mod:`tangram_opt.specs.pricing` (the cluster file's ``price_per_gpu_hour``, else the default table),
+per GPU: a plan pays for the GPUs its stages use, and GPUs it leaves idle are free to release (the
+plan summary lists whole free nodes). Invalid values raise a :class:`SpecError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tangram_opt.errors import SpecError
+
+#: ``Objective.kind`` values
+OBJECTIVES = ("throughput", "min_cost", "cost_per_token")
+#: how each objective's value is reported (certificate ``objective_unit``)
+OBJECTIVE_UNITS = {"throughput": "s per step", "min_cost": "USD/h", "cost_per_token": "USD per 1M tokens"}
+#: the formulation objective (FormulationOptions.objective) each one minimizes
+FORMULATION_OBJECTIVE = {"throughput": "step_time", "min_cost": "usd_per_hour", "cost_per_token": "usd_per_step"}
+
+
+def _limit(field: str, value: Any, unit: str, example: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field, value, f"must be a number of {unit}", f"e.g. {field}={example}")
+    if not math.isfinite(value) or value <= 0:
+        raise SpecError(field, value, f"must be a finite number of {unit} > 0",
+                        f"e.g. {field}={example}, or None for no limit")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Objective:
+    """What the plan optimizes (``kind``, one of :data:`OBJECTIVES`) and its limits."""
+
+    kind: str = "throughput"
+    budget_usd_per_h: float | None = None
+    min_tokens_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise SpecError("objective", self.kind, "is not a known objective", f"use one of {', '.join(OBJECTIVES)}")
+        object.__setattr__(self, "budget_usd_per_h", _limit("budget_usd_per_h", self.budget_usd_per_h, "USD per hour",
+                                                            "250"))
+        object.__setattr__(self, "min_tokens_per_s", _limit("min_tokens_per_s", self.min_tokens_per_s,
+                                                            "tokens per second", "500000"))
+
+    @property
+    def is_default(self) -> bool:
+        """Throughput without limits: the full search (windows, multi-pipeline level) runs."""
+        return self.kind == "throughput" and self.budget_usd_per_h is None and self.min_tokens_per_s is None
+
+    @property
+    def needs_prices(self) -> bool:
+        return self.kind != "throughput" or self.budget_usd_per_h is not None
+
+    @property
+    def unit(self) -> str:
+        return OBJECTIVE_UNITS[self.kind]
+
+    def limits(self) -> dict[str, float]:
+        out = {}
+        if self.budget_usd_per_h is not None:
+            out["budget_usd_per_h"] = self.budget_usd_per_h
+        if self.min_tokens_per_s is not None:
+            out["min_tokens_per_s"] = self.min_tokens_per_s
+        return out
+
+    def describe(self) -> str:
+        words = {"throughput": "maximize throughput", "min_cost": "minimize USD/h",
+                 "cost_per_token": "minimize USD per token"}[self.kind]
+        lim = [f"USD/h <= {self.budget_usd_per_h:g}" if self.budget_usd_per_h is not None else "",
+               f"tokens/s >= {self.min_tokens_per_s:g}" if self.min_tokens_per_s is not None else ""]
+        lim = [x for x in lim if x]
+        return words + (f" subject to {' and '.join(lim)}" if lim else "")
+
+
+def objective_input(objective: Objective | str | None, budget_usd_per_h: Any = None,
+                    min_tokens_per_s: Any = None) -> Objective:
+    """``solve``'s objective arguments as one :class:`Objective` (each value checked)."""
+    if objective is None:
+        objective = "throughput"
+    if isinstance(objective, Objective):
+        if budget_usd_per_h is not None or min_tokens_per_s is not None:
+            raise SpecError("budget_usd_per_h" if budget_usd_per_h is not None else "min_tokens_per_s",
+                            budget_usd_per_h if budget_usd_per_h is not None else min_tokens_per_s,
+                            "is given together with an Objective", "put the limit into the Objective(...)")
+        return objective
+    if not isinstance(objective, str):
+        raise SpecError("objective", objective, "is not an objective name or an Objective",
+                        f"use one of {', '.join(OBJECTIVES)} or tangram_opt.Objective(...)")
+    return Objective(kind=objective, budget_usd_per_h=budget_usd_per_h, min_tokens_per_s=min_tokens_per_s)
+
+
+__all__ = ["FORMULATION_OBJECTIVE", "OBJECTIVES", "OBJECTIVE_UNITS", "Objective", "objective_input"]

@@ -1,0 +1,301 @@
+"""The search under a non-default :class:`~tangram_opt.planner.search.objective.Objective`
+(formulations/pipeline_mip.md §7).
+
+A dollar objective or a limit changes what a bound is: the step-time bounds the branch and bound
+prunes with (fluid, knapsack, window LPs, the one-stage optimum) bound no price. So this search
+keeps only what stays valid: one sub-problem per pipeline micro-batch size, each solved as one
+positional MIP (§4) that carries the prices of the islands' GPUs, the limits as rows and the
+objective itself; a sub-problem's bound is its MIP's dual bound (or the target, when nothing in it
+beats the incumbent). Every plan a MIP reports is re-scored exactly (closed form, exact prices) and
+checked against the limits before it becomes the incumbent. Windows, knapsack bounds, sequence
+leaves, the multi-pipeline level and launch targets do not run here (api.py refuses what was asked
+for explicitly); the positional MIP grows as positions x candidates, so this search suits clusters
+of a few islands and the default candidate pruning.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tangram_opt import units as u
+from tangram_opt.baselines.greedy import greedy_by_micro_batch
+from tangram_opt.errors import InfeasibleError, NoSolutionError
+from tangram_opt.planner.assemble import make_plan, pipeline_plan
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.diagnose import diagnose_infeasible
+from tangram_opt.planner.formulations.bounds import quick_lower_bound
+from tangram_opt.planner.formulations.positional import PositionalMIP
+from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, choices_timing
+from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
+from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
+from tangram_opt.planner.search.nodes import SearchEvent
+from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objective
+from tangram_opt.solvers import SolveOptions, SolveStatus, relative_gap, solve_model
+from tangram_opt.specs.pricing import fill_cheapest, price_steps
+
+#: ticks per step for the cost-per-token model: its objective multiplies prices by the step time,
+#: and ~1e5 ticks keep those products (~1e10) easy for LP-based solvers (rounding ~1e-5, in the
+#: bound's favour)
+COST_STEP_TICKS = 1e7
+
+
+def island_price_curves(ctx: PlanningContext) -> dict[int, tuple[tuple[int, float], ...]]:
+    """Island index -> price steps ``((GPUs, USD per GPU-hour), ...)``, cheapest first (raises the
+    pricing layer's SpecError naming ``node_groups[i].price_per_gpu_hour`` for a group with no price)."""
+    return {isl.index: tuple((n, p) for _, n, p in price_steps(ctx.cluster, isl.node_groups)) for isl in ctx.islands}
+
+
+def plan_prices(plan: Plan, ctx: PlanningContext) -> dict[str, Any]:
+    """The dollar figures the plan summary prints: USD/h of the GPUs used, USD per 1M tokens (at the
+    exact step time) and the whole nodes each node group leaves free. The same accounting as
+    :func:`tangram_opt.costing.plan_cost` without egress (which that function adds)."""
+    used = plan.gpus_by_island()
+    usd_h, free = 0.0, []
+    for isl in ctx.islands:
+        steps = price_steps(ctx.cluster, isl.node_groups)
+        taken = fill_cheapest(steps, used.get(isl.name, 0))
+        price = {g: p for g, _, p in steps}
+        usd_h += sum(n * price[g] for g, n in taken.items())
+        for g, n_gpus, _ in steps:
+            nodes = n_gpus // isl.gpus_per_node
+            idle = nodes - math.ceil(taken.get(g, 0) / isl.gpus_per_node)
+            if idle:
+                free.append({"group": g, "nodes_free": idle, "nodes": nodes})
+    tokens = plan.global_batch_size * plan.seq_len
+    return {"usd_per_hour": usd_h, "usd_per_1m_tokens": usd_h * plan.step_time_s / u.HOUR / tokens * 1e6,
+            "free_nodes": free}
+
+
+@dataclass(slots=True)
+class _Sub:
+    problem: PipelineProblem
+    status: str = "open"
+    bound: float = -math.inf
+    objective: float | None = None
+    solve_time_s: float = 0.0
+
+
+class PricedSearch:
+    """One search under ``objective``: a priced positional MIP per pipeline micro-batch size."""
+
+    def __init__(self, ctx: PlanningContext, objective: Objective, *, backend: str, time_limit_s: float,
+                 threads: int, seed: int, rel_gap: float, fluid_cuts: bool = True, warm_start: bool = True,
+                 on_progress: Callable[[SearchEvent], None] | None = None, t0: float | None = None):
+        self.ctx, self.obj = ctx, objective
+        self.backend, self.time_limit_s, self.threads, self.seed, self.rel_gap = (backend, time_limit_s, threads,
+                                                                                 seed, rel_gap)
+        self.fluid_cuts, self.warm_start, self.on_progress = fluid_cuts, warm_start, on_progress
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.tokens = ctx.training.global_batch_size * ctx.training.seq_len
+        self.max_step_s = self.tokens / objective.min_tokens_per_s if objective.min_tokens_per_s else None
+        self.prices = island_price_curves(ctx) if objective.needs_prices else {}
+        self.form_objective = FORMULATION_OBJECTIVE[objective.kind]
+        self.subs: dict[int, _Sub] = {}
+        self.inc: tuple[int, list[StageChoice]] | None = None
+        self.inc_value = math.inf
+        self.inc_step_s = math.inf
+        self.events: list[SearchEvent] = []
+        self.rejected = 0  # MIP solutions whose exact closed form broke a limit (relaxation slack)
+
+    # --- values ----------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def value(self, problem: PipelineProblem, choices: list[StageChoice]) -> tuple[float, float, bool]:
+        """(objective value in the objective's unit, closed-form step time, meets the limits)."""
+        step = choices_timing(problem, choices).step_time_s
+        usd_h = problem.usd_per_hour(choices) if problem.island_prices else 0.0
+        ok = (self.max_step_s is None or step <= self.max_step_s * (1 + 1e-12)) and (
+            self.obj.budget_usd_per_h is None or usd_h <= self.obj.budget_usd_per_h * (1 + 1e-12))
+        kind = self.obj.kind
+        v = step if kind == "throughput" else usd_h if kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
+        return v, step, ok
+
+    def offer(self, b: int, choices: list[StageChoice]) -> bool:
+        sub = self.subs[b]
+        v, step, ok = self.value(sub.problem, choices)
+        if not ok:
+            return False
+        if sub.objective is None or v < sub.objective:
+            sub.objective = v
+        if v < self.inc_value or (v == self.inc_value and step < self.inc_step_s):
+            self.inc_value, self.inc_step_s, self.inc = v, step, (b, list(choices))
+        return True
+
+    def target(self) -> float:
+        return self.inc_value * (1 - self.rel_gap)
+
+    def global_bound(self) -> float:
+        return min([self.inc_value] + [s.bound for s in self.subs.values()])
+
+    def emit(self, message: str) -> None:
+        inc = self.inc_value if math.isfinite(self.inc_value) else None
+        bnd = self.global_bound()
+        ev = SearchEvent(self.elapsed(), inc, bnd if math.isfinite(bnd) else None, message)
+        self.events.append(ev)
+        if self.on_progress is not None:
+            self.on_progress(ev)
+
+    # --- the MIP of one sub-problem --------------------------------------------------------
+    def options_for(self, sub: _Sub) -> FormulationOptions:
+        p = sub.problem
+        cap = self.max_step_s
+        if self.obj.kind == "cost_per_token" and math.isfinite(self.inc_value):
+            # an improving plan has step <= its cost / the cheapest stage's USD per second
+            cheapest = min(p.usd_per_hour([StageChoice(candidate=ci, layers={})]) for ci in range(len(p.candidates)))
+            if cheapest > 0:
+                usd_step = self.target() * self.tokens / 1e6
+                cap = min(cap if cap is not None else math.inf, usd_step * u.HOUR / cheapest)
+        ref = cap if cap is not None else 2 * quick_lower_bound(p)
+        tick = tick_for(ref, COST_STEP_TICKS) if self.obj.kind == "cost_per_token" else tick_for(ref)
+        return FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cap, tick_s=tick,
+                                  objective=self.form_objective, budget_usd_per_h=self.obj.budget_usd_per_h,
+                                  max_step_s=cap)
+
+    def to_value(self, mip: PositionalMIP, x: float, *, bound: bool) -> float:
+        """A model objective (or bound) in the objective's unit; bounds lose the rounding slack."""
+        o, p = mip.options, mip.problem
+        slack = rounding_ticks(p.num_micro_batches) if bound else 0
+        if self.obj.kind == "throughput":
+            return (x - slack) * o.tick_s
+        if self.obj.kind == "min_cost":
+            return x * o.price_unit_usd_h
+        top = sum(n * p_ for steps in p.island_prices.values() for n, p_ in steps) / o.price_unit_usd_h
+        usd_step = (x - slack * top) * o.price_unit_usd_h * o.tick_s / u.HOUR
+        return usd_step / self.tokens * 1e6
+
+    def cutoff(self, mip: PositionalMIP) -> float | None:
+        """The target in the model's objective units (plus the rounding margin)."""
+        if not math.isfinite(self.inc_value):
+            return None
+        o, p = mip.options, mip.problem
+        t = self.target()
+        slack = rounding_ticks(p.num_micro_batches)
+        if self.obj.kind == "throughput":
+            return t / o.tick_s + slack
+        if self.obj.kind == "min_cost":
+            return t / o.price_unit_usd_h
+        top = sum(n * p_ for steps in p.island_prices.values() for n, p_ in steps) / o.price_unit_usd_h
+        return t * self.tokens / 1e6 * u.HOUR / (o.price_unit_usd_h * o.tick_s) + slack * top
+
+    def solve_sub(self, b: int, budget_s: float) -> None:
+        sub = self.subs[b]
+        started = time.perf_counter()
+        mip = PositionalMIP(sub.problem, self.options_for(sub)).build()
+        cutoff = self.cutoff(mip)
+        res = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=max(0.5, budget_s), threads=self.threads,
+                                                                seed=self.seed, rel_gap=self.rel_gap, cutoff=cutoff))
+        sub.solve_time_s += time.perf_counter() - started
+        target = self.target() if cutoff is not None else math.inf
+        if res.values is not None:
+            if not self.offer(b, mip.decode(res.values)):
+                self.rejected += 1
+        if res.status == SolveStatus.INFEASIBLE:
+            sub.status = "no plan better than the incumbent" if cutoff is not None else "no plan meets the limits"
+            sub.bound = target
+        elif res.status == SolveStatus.ERROR:
+            sub.status = f"error: {res.message}"
+            sub.bound = max(sub.bound, self.trivial_bound(sub))
+        else:
+            model_bound = self.to_value(mip, res.bound, bound=True) if res.bound is not None else self.trivial_bound(sub)
+            sub.bound = min(max(model_bound, self.trivial_bound(sub)), target)
+            sub.status = "optimal" if res.status == SolveStatus.OPTIMAL else "not finished (time limit)"
+        self.emit(f"b={b}: {res.status.value}")
+
+    def trivial_bound(self, sub: _Sub) -> float:
+        return quick_lower_bound(sub.problem) if self.obj.kind == "throughput" else 0.0
+
+    # --- the search ------------------------------------------------------------------------
+    def run(self) -> Plan:
+        ctx = self.ctx
+        for b in ctx.pipeline_micro_batches():
+            self.subs[b] = _Sub(problem=replace(ctx.problem(b), island_prices=self.prices))
+        live = [b for b, s in self.subs.items() if s.problem.candidates]
+        for b, s in self.subs.items():
+            if not s.problem.candidates:
+                s.status, s.bound = "no candidate fits", math.inf
+        if not live:
+            raise diagnose_infeasible(ctx)
+        if self.warm_start:
+            for b, (_, ch) in greedy_by_micro_batch(ctx, thorough=True).items():
+                self.offer(b, ch)
+        self.emit("start")
+        for k, b in enumerate(sorted(live, key=lambda b: quick_lower_bound(self.subs[b].problem))):
+            left = self.time_limit_s - self.elapsed()
+            if left <= 0.05:
+                self.subs[b].bound = self.trivial_bound(self.subs[b])
+                self.subs[b].status = "not started (time limit)"
+                continue
+            self.solve_sub(b, left / (len(live) - k))
+        return self.finish()
+
+    def finish(self) -> Plan:
+        ctx = self.ctx
+        if self.inc is None:
+            if any(s.status.startswith("not") or s.status.startswith("error") for s in self.subs.values()):
+                raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend {self.backend!r} "
+                                      f"({self.obj.describe()}); raise time_limit_s or try another backend")
+            raise InfeasibleError(self.limits_diagnosis(), closest={"limits": self.obj.limits()})
+        bound = self.global_bound()
+        gap = relative_gap(self.inc_value, bound) if math.isfinite(bound) else None
+        status = CertificateStatus.OPTIMAL if gap is not None and gap <= max(self.rel_gap, 1e-6) * (1 + 1e-9) \
+            else CertificateStatus.FEASIBLE
+        b, choices = self.inc
+        pipe = pipeline_plan(ctx, self.subs[b].problem, choices)
+        self.emit("done")
+        space = ctx.space.describe() + f"; at most {ctx.max_stages} stages; single pipelines"
+        rows = tuple({"pipeline_micro_batch": s.problem.pipeline_micro_batch,
+                      "micro_batches": s.problem.num_micro_batches, "status": s.status, "bound": s.bound,
+                      "objective": s.objective, "solve_time_s": s.solve_time_s,
+                      "candidates": len(s.problem.candidates)} for s in self.subs.values())
+        throughput = self.obj.kind == "throughput"
+        notes = [f"objective: {self.obj.describe()}",
+                 "formulation: positional, one priced MIP per pipeline micro-batch size (formulations/pipeline_mip.md §7)",
+                 "the multi-pipeline level does not run under a non-default objective"]
+        if self.rejected:
+            notes.append(f"{self.rejected} MIP solution(s) broke a limit in the exact closed form and were dropped")
+        cert = Certificate(
+            status=status, backend=self.backend, objective_s=self.inc_step_s,
+            bound_s=bound if throughput else None, gap=gap, solve_time_s=self.elapsed(), plan_space=space,
+            subproblems=rows, trajectory=tuple((e.elapsed_s, e.incumbent_s, e.bound_s) for e in self.events),
+            notes=tuple(notes), objective=self.obj.kind, objective_value=self.inc_value,
+            objective_bound=bound if math.isfinite(bound) else None, objective_unit=self.obj.unit,
+            limits=self.obj.limits())
+        return make_plan(ctx, [pipe], method="mip", certificate=cert)
+
+    def limits_diagnosis(self) -> str:
+        """Why no plan meets the limits, with the number that misses (a short search without it)."""
+        o, left = self.obj, max(1.0, min(10.0, self.time_limit_s))
+        parts = [f"no plan meets the limits ({o.describe()})"]
+        if o.budget_usd_per_h is not None:
+            try:
+                cheap = PricedSearch(self.ctx, Objective(kind="min_cost", min_tokens_per_s=o.min_tokens_per_s),
+                                     backend=self.backend, time_limit_s=left, threads=self.threads, seed=self.seed,
+                                     rel_gap=self.rel_gap).run()
+                floor = " that meets the throughput floor" if o.min_tokens_per_s else ""
+                parts.append(f"the cheapest plan{floor} costs ${cheap.certificate.objective_value:,.2f}/h "
+                             f"> budget ${o.budget_usd_per_h:,.2f}/h: raise budget_usd_per_h"
+                             + (" or lower min_tokens_per_s" if o.min_tokens_per_s else ""))
+            except InfeasibleError:
+                pass
+            except NoSolutionError:
+                parts.append("no plan was found without the budget either within the time")
+        if o.min_tokens_per_s is not None and len(parts) == 1:
+            try:
+                fast = PricedSearch(self.ctx, Objective(budget_usd_per_h=o.budget_usd_per_h), backend=self.backend,
+                                    time_limit_s=left, threads=self.threads, seed=self.seed, rel_gap=self.rel_gap).run()
+                best = self.tokens / fast.certificate.objective_bound if fast.certificate.objective_bound else math.inf
+                within = " within the budget" if o.budget_usd_per_h else ""
+                parts.append(f"the fastest plan{within} reaches {self.tokens / fast.certificate.objective_s:,.0f} "
+                             f"tokens/s (no plan above {best:,.0f}) < floor {o.min_tokens_per_s:,.0f}: lower "
+                             "min_tokens_per_s" + (" or raise budget_usd_per_h" if o.budget_usd_per_h else ""))
+            except (InfeasibleError, NoSolutionError):
+                pass
+        return "; ".join(parts)
+
+
+__all__ = ["COST_STEP_TICKS", "PricedSearch", "island_price_curves", "plan_prices"]
