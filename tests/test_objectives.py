@@ -1,4 +1,4 @@
-"""Objectives and limits (issue 30 item 2; formulations/pipeline_mip.md §7): the priced search
+"""Objectives and limits (issue 30 item 2; formulations/pipeline_mip.md §4b): the priced search
 agrees with exhaustive enumeration on tiny instances, per backend; inputs are validated; the CLI
 takes them."""
 
@@ -150,3 +150,33 @@ def test_a_group_without_price_is_named():
         solve(cluster, load_model("llama-3-8b").with_layers(2), TRAINING, space=SPACE, time_limit_s=5,
               objective="min_cost")
     assert e.value.field.endswith("price_per_gpu_hour")
+
+
+def test_cli_plans_for_a_throughput_floor_at_least_cost(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    cluster = tmp_path / "priced.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "priced", "node_groups": [
+        {"name": "a100", "gpu": "A100-40", "nodes": 1, "gpus_per_node": 4, "nic_gbps": 200, "price_per_gpu_hour": 3.0},
+        {"name": "v100", "gpu": "V100-16", "nodes": 2, "gpus_per_node": 2, "nic_gbps": 100,
+         "price_per_gpu_hour": 0.9}]}))
+    env = dict(os.environ, MPLBACKEND="Agg")
+    env.pop("TANGRAM_DEBUG", None)
+    args = [sys.executable, "-m", "tangram_opt", "plan", "--cluster", str(cluster), "--model", "llama-3-8b",
+            "--batch", "4", "--seq", "1024", "--precision", "fp16", "--max-stages", "2", "--micro-batch-sizes", "1",
+            "--zero", "0", "--recompute", "full", "--time-limit", "20", "--backend", "cp-sat", "--output",
+            str(tmp_path / "plan.json")]
+    res = subprocess.run([*args, "--objective", "min_cost", "--min-tokens-per-s", "1000"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "objective: min_cost, min_tokens_per_s 1,000" in res.stdout and "per 1M tokens" in res.stdout
+    assert "USD/h (incumbent)" in res.stderr  # the progress lines speak the objective's unit
+    plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
+    assert plan["certificate"]["objective"] == "min_cost"
+    assert plan["certificate"]["limits"] == {"min_tokens_per_s": 1000.0}
+    bad = subprocess.run([*args, "--budget-usd-per-h", "nan"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "--budget-usd-per-h" in bad.stderr and "Traceback" not in bad.stderr

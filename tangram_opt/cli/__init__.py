@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from tangram_opt.cli.catalogue import cmd_clusters, cmd_islands, cmd_models
 from tangram_opt.cli.common import (EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NO_PLAN,
                                     EXIT_OK, EXIT_UNAVAILABLE, PIPE_WIDTH, PROG, ComponentUnavailable, UsageError,
-                                    _gap, _int_list, _note, _Parser, _positive_int, _seconds, _str_list,
+                                    _gap, _int_list, _node_budget, _note, _Parser, _positive_int, _seconds, _str_list,
                                     exit_code_for)
 from tangram_opt.cli.experts import cmd_experts
 from tangram_opt.cli.many_runs import cmd_bench, cmd_sweep
@@ -151,6 +151,16 @@ docs: docs/cli.md""")
                     help="search only plans this framework runs as one job (every stage the same layout, one "
                          "pipeline), certified in that space, and print the price of the stock launch against the "
                          "whole space (half the time limit each)")
+    pl.add_argument("--objective", choices=("throughput", "min_cost", "cost_per_token"), default="throughput",
+                    help="what to optimize: throughput (default), min_cost (USD/h of the GPUs used) or "
+                         "cost_per_token (USD per token); prices from the cluster file or the default table")
+    pl.add_argument("--budget-usd-per-h", type=float, default=None, metavar="USD",
+                    help="plan only within this many USD per hour for the GPUs used")
+    pl.add_argument("--min-tokens-per-s", type=float, default=None, metavar="N",
+                    help="plan only plans of at least this throughput (tokens/s)")
+    pl.add_argument("--max-nodes", type=_node_budget, default=None, metavar="GROUP=N,...",
+                    help="a node budget per node group: use at most N of GROUP's nodes, e.g. v100=2,h100=1 "
+                         "(plans single pipelines, like --objective)")
     pl.add_argument("--profiles", metavar="PATH",
                     help="measured layer profiles: a file or a directory of them ('tangram-opt profile' writes them); "
                          "they replace computed compute time for the GPU types they cover")

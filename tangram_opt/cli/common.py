@@ -109,6 +109,20 @@ def _str_list(text: str) -> tuple[str, ...]:
     return vals
 
 
+def _node_budget(text: str) -> dict[str, int]:
+    """GROUP=N,GROUP=N: the most nodes of each named node group a plan may use."""
+    out: dict[str, int] = {}
+    for part in _str_list(text):
+        name, sep, n = part.partition("=")
+        try:
+            out[name.strip()] = int(n)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not GROUP=NODES, e.g. v100=2") from None
+        if not sep or not name.strip() or out[name.strip()] < 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is not GROUP=NODES with NODES >= 0, e.g. v100=2")
+    return out
+
+
 # --- output helpers ---------------------------------------------------------------------------------
 def _console(stderr: bool = False, width: int | None = None):  # type: ignore[no-untyped-def]
     from rich.console import Console

@@ -4,6 +4,7 @@ the plan file and the exports (layer: command line)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -12,13 +13,17 @@ from typing import Any
 
 from tangram_opt.cli.common import (EXIT_OK, PROG, UsageError, _console, _fmt_s, _load_cluster, _load_model, _note,
                                     _print)
+from tangram_opt.errors import SpecError
 
 
 class SolveProgress:
     """Receives :class:`SearchEvent` s: a rich live line on a terminal, else plain lines on change."""
 
-    def __init__(self, *, time_limit_s: float, live: bool, quiet: bool = False, stream: Any = None):
+    def __init__(self, *, time_limit_s: float, live: bool, quiet: bool = False, stream: Any = None,
+                 unit: str = "s"):
         self.time_limit_s = time_limit_s
+        #: the unit of the objective the events carry: "s" (step time) or a dollar unit (--objective)
+        self.unit = unit
         self.live_mode = live and not quiet
         self.quiet = quiet
         self.stream = stream or sys.stderr
@@ -49,8 +54,10 @@ class SolveProgress:
 
     def _line(self, elapsed: float) -> str:
         gap = self._gap()
-        return (f"{elapsed:6.1f} s / {self.time_limit_s:g} s | best {_fmt_s(self.incumbent_s)} | bound "
-                f"{_fmt_s(self.bound_s)} | gap {'-' if gap is None else f'{100 * gap:.2f}%'} | {self.message}")
+        fmt = _fmt_s if self.unit == "s" else (lambda x: "-" if x is None or not math.isfinite(x)
+                                                else f"{x:.6g} {self.unit}")
+        return (f"{elapsed:6.1f} s / {self.time_limit_s:g} s | best {fmt(self.incumbent_s)} | bound "
+                f"{fmt(self.bound_s)} | gap {'-' if gap is None else f'{100 * gap:.2f}%'} | {self.message}")
 
     def __enter__(self) -> SolveProgress:
         self.t0 = time.perf_counter()
@@ -60,7 +67,8 @@ class SolveProgress:
             self._live = Live(self, console=_console(stderr=True), refresh_per_second=8, transient=True)
             self._live.__enter__()
         elif not self.quiet:
-            self._print(f"solving (time limit {self.time_limit_s:g} s): elapsed | best plan's step time (incumbent) | "
+            what = "step time" if self.unit == "s" else self.unit
+            self._print(f"solving (time limit {self.time_limit_s:g} s): elapsed | best plan's {what} (incumbent) | "
                         "lower bound | gap")
         return self
 
@@ -178,10 +186,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{training.global_batch_size} x {training.seq_len} tokens, {training.precision}, backend {backend}")
     calibration, profiles = _cost_inputs(args, cluster, model, training)
     price = None
-    with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet) as progress:
+    from tangram_opt.planner.search import Objective
+
+    try:
+        goal = Objective(kind=args.objective, budget_usd_per_h=args.budget_usd_per_h,
+                         min_tokens_per_s=args.min_tokens_per_s, max_nodes=args.max_nodes)
+    except SpecError as e:  # name the flag
+        flag = "--" + e.field.split("[")[0].replace("_", "-")
+        raise SpecError(flag, e.value, e.problem, f"give {flag} a finite number > 0, or leave it out") from None
+    if args.launch and not goal.is_default:
+        raise SpecError("--launch", args.launch, f"cannot be combined with {goal.describe()}: launch targets are "
+                        "searched for throughput only", "drop --launch, or --objective and the limits")
+    if not goal.is_default:
+        _note(f"objective: {goal.describe()} (single pipelines, priced MIPs; formulations/pipeline_mip.md §4b)")
+    unit = "s" if goal.kind == "throughput" else goal.unit
+    with SolveProgress(time_limit_s=args.time_limit, live=live, quiet=args.quiet, unit=unit) as progress:
         common = dict(backend=backend, threads=args.threads, seed=args.seed, rel_gap=args.gap, space=space,
                       options=SearchOptions(warm_start=not args.no_warm_start), calibration=calibration,
                       profiles=profiles, on_progress=progress)
+        if not goal.is_default:
+            common["objective"] = goal
         if args.launch:
             from tangram_opt.planner.search import launch_price
             from tangram_opt.planner.search.launch import check_launch, launch_calibration

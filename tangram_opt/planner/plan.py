@@ -141,7 +141,7 @@ class Certificate:
     """How good the plan provably is, and within which plan space.
 
     ``objective`` names what was optimized (``"throughput"``, ``"min_cost"``, ``"cost_per_token"``;
-    formulations/pipeline_mip.md §7) and ``limits`` the limits it was subject to. ``objective_value``
+    formulations/pipeline_mip.md §4b) and ``limits`` the limits it was subject to. ``objective_value``
     and ``objective_bound`` are the plan's value and the lower bound over every plan of
     ``plan_space`` that meets the limits, in ``objective_unit``; ``gap = (objective_value -
     objective_bound) / objective_value``. ``objective_s`` is the plan's closed-form step time; under

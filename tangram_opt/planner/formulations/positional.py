@@ -50,7 +50,7 @@ class PositionalMIP:
     z: dict[tuple[int, int, int], Var] = field(default_factory=dict)
     u: dict[int, Var] = field(default_factory=dict)
     aux: dict[str, Var] = field(default_factory=dict)
-    #: §7: USD/h per island, USD/h x step per island, and the products x[r,c] * step
+    #: §4b: USD/h per island, USD/h x step per island, and the products x[r,c] * step
     H: dict[int, Var] = field(default_factory=dict)
     Q: dict[int, Var] = field(default_factory=dict)
     zq: dict[tuple[int, int], Var] = field(default_factory=dict)
@@ -262,7 +262,7 @@ class PositionalMIP:
         return self
 
     def _priced(self, step: LinExpr, islands: list[int]) -> LinExpr:
-        """The limits and the objective of formulations/pipeline_mip.md §7 on the step time
+        """The limits and the objective of formulations/pipeline_mip.md §4b on the step time
         ``step`` (ticks): the step cap, the USD/h of each island ``H[i]`` (its convex price curve,
         one row per step), the budget, and the objective (the step time, ``sum H``, or
         ``sum Q`` with ``Q[i] = H[i] x step`` made exact by ``zq[r,c] = x[r,c] x step``)."""
@@ -321,6 +321,11 @@ class PositionalMIP:
             self.Q[i] = md.add_var(f"Q[{i}]", 0, top * big, integer=True)
             for j, (a, q) in enumerate(pieces[i]):
                 md.add(self.Q[i] >= a * step + q * gz, f"price_step[{i},{j}]")
+        # McCormick rows at the lower corner of (USD/h, step): every plan has a stage (USD/h at
+        # least the cheapest candidate's) and a step of at least ``low``
+        cheapest = min(min(a + q * cands[ci].gpus for a, q in pieces[cands[ci].island]) for (_, ci) in self.x)
+        md.add(lsum(self.Q.values()) >= cheapest * step, "price_step_low_h")
+        md.add(lsum(self.Q.values()) >= low * lsum(self.H.values()), "price_step_low_s")
         return lsum(self.Q.values())
 
     def _step_cap_ticks(self, ce) -> int:  # type: ignore[no-untyped-def]

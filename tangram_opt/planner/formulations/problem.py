@@ -126,7 +126,7 @@ class FormulationOptions:
     #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
     #: without them
     order_rows: bool = True
-    #: what the model minimizes (formulations/pipeline_mip.md §7): "step_time" (the default),
+    #: what the model minimizes (formulations/pipeline_mip.md §4b): "step_time" (the default),
     #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
     #: products of the stage binaries and the step time). The last two need ``island_prices``
     objective: str = "step_time"

@@ -97,7 +97,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       "cost_per_token", or an :class:`~tangram_opt.planner.search.objective.Objective`; limits
       ``budget_usd_per_h`` (USD/h of the GPUs used) and ``min_tokens_per_s`` (a throughput floor).
       Anything but throughput without limits runs the priced search (priced.py; formulations/
-      pipeline_mip.md §7): single pipelines, one priced positional MIP per pipeline micro-batch
+      pipeline_mip.md §4b): single pipelines, one priced positional MIP per pipeline micro-batch
       size, the certificate on that objective; ``launch=`` and explicit windows, knapsack or
       sequence leaves are refused there. Limits no plan meets raise :class:`InfeasibleError` with
       the figure that misses (the cheapest plan's USD/h, the fastest plan's tokens/s).

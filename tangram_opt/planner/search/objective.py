@@ -1,4 +1,4 @@
-"""What a search optimizes and under which limits (issue 30 item 2, formulations/pipeline_mip.md §7).
+"""What a search optimizes and under which limits (issue 30 item 2, formulations/pipeline_mip.md §4b).
 
 :class:`Objective` is what ``solve(objective=...)`` and ``tangram-opt plan --objective`` take:
 

@@ -1,5 +1,5 @@
 """The search under a non-default :class:`~tangram_opt.planner.search.objective.Objective`
-(formulations/pipeline_mip.md §7).
+(formulations/pipeline_mip.md §4b).
 
 A dollar objective or a limit changes what a bound is: the step-time bounds the branch and bound
 prunes with (fluid, knapsack, window LPs, the one-stage optimum) bound no price. So this search
@@ -207,7 +207,14 @@ class PricedSearch:
         self.emit(f"b={b}: {res.status.value}")
 
     def trivial_bound(self, sub: _Sub) -> float:
-        return quick_lower_bound(sub.problem) if self.obj.kind == "throughput" else 0.0
+        """A bound without a solver: the quick step-time bound; the cheapest stage's USD/h (every
+        plan has one); their product per token."""
+        p = sub.problem
+        step = quick_lower_bound(p)
+        if self.obj.kind == "throughput":
+            return step
+        usd_h = min(p.usd_per_hour([StageChoice(candidate=ci, layers={})]) for ci in range(len(p.candidates)))
+        return usd_h if self.obj.kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
 
     # --- the search ------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -254,7 +261,7 @@ class PricedSearch:
                       "candidates": len(s.problem.candidates)} for s in self.subs.values())
         throughput = self.obj.kind == "throughput"
         notes = [f"objective: {self.obj.describe()}",
-                 "formulation: positional, one priced MIP per pipeline micro-batch size (formulations/pipeline_mip.md §7)",
+                 "formulation: positional, one priced MIP per pipeline micro-batch size (formulations/pipeline_mip.md §4b)",
                  "the multi-pipeline level does not run under a non-default objective"]
         if self.rejected:
             notes.append(f"{self.rejected} MIP solution(s) broke a limit in the exact closed form and were dropped")
