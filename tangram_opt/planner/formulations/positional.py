@@ -326,6 +326,20 @@ class PositionalMIP:
         cheapest = min(min(a + q * cands[ci].gpus for a, q in pieces[cands[ci].island]) for (_, ci) in self.x)
         md.add(lsum(self.Q.values()) >= cheapest * step, "price_step_low_h")
         md.add(lsum(self.Q.values()) >= low * lsum(self.H.values()), "price_step_low_s")
+        # work: the step is at least m x every stage's time (S >= (m-1) Smax + T[r]), so USD/h x step
+        # >= m x sum over stages of (cheapest USD per GPU-hour of its island) x GPUs x stage time
+        qmin = {i: min(q for _, q in rows) for i, rows in pieces.items()}
+        work = LinExpr()
+        for (r, ci, k), var in self.w.items():
+            c = cands[ci]
+            work.add_term(var, qmin[c.island] * c.gpus * (fl(c.layer[k].fwd_time_s) + fl(c.layer[k].bwd_time_s)))
+        for (r, ci), var in self.v.items():
+            c = cands[ci]
+            work.add_term(var, qmin[c.island] * c.gpus * (fl(c.embedding.fwd_time_s) + fl(c.embedding.bwd_time_s)))
+            if r == 0:
+                work.add_term(self.x[r, ci], qmin[c.island] * c.gpus * (fl(c.head.fwd_time_s)
+                                                                        + fl(c.head.bwd_time_s)))
+        md.add(lsum(self.Q.values()) >= p.num_micro_batches * work, "price_work")
         return lsum(self.Q.values())
 
     def _step_cap_ticks(self, ce) -> int:  # type: ignore[no-untyped-def]

@@ -238,6 +238,17 @@ class PricedSearch:
                 self.subs[b].status = "not started (time limit)"
                 continue
             self.solve_sub(b, left / (len(live) - k))
+        # the time sub-problems that closed early left: to those stopped by their share, lowest
+        # bound first, each solved again (with the better cutoff) on a share of what is left
+        while self.time_limit_s - self.elapsed() > 1.0:
+            again = sorted((s.bound, b) for b, s in self.subs.items()
+                           if s.status.startswith("not") and s.bound < self.target())
+            if not again:
+                break
+            _, b = again[0]
+            before = self.subs[b].bound
+            self.solve_sub(b, (self.time_limit_s - self.elapsed()) / len(again))
+            self.subs[b].bound = max(before, self.subs[b].bound)  # both are valid bounds
         return self.finish()
 
     def finish(self) -> Plan:
