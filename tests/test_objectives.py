@@ -43,18 +43,22 @@ def instance():
     # of the best throughput
     budget = 0.5 * (cheapest[2] + fastest[2])
     floor = 0.6 * tokens / fastest[1]
+    assert brute_force_priced(ctx, "throughput", max_nodes={"a100-od": 0})[0] > fastest[0] * 1.01
     cases = {
         "throughput-budget": (dict(objective="throughput", budget_usd_per_h=budget), "throughput"),
         "min_cost-floor": (dict(objective="min_cost", min_tokens_per_s=floor), "min_cost"),
         "cost_per_token": (dict(objective="cost_per_token"), "cost_per_token"),
+        # a node budget: no on-demand A100 node, the A100 island keeps only its spot node (the
+        # fastest plan takes all 9 USD/h of GPUs, so this binds)
+        "throughput-nodes": (dict(objective="throughput", max_nodes={"a100-od": 0}), "throughput"),
     }
     expected = {name: brute_force_priced(ctx, kind, budget_usd_per_h=kw.get("budget_usd_per_h"),
-                                         min_tokens_per_s=kw.get("min_tokens_per_s"))
+                                         min_tokens_per_s=kw.get("min_tokens_per_s"), max_nodes=kw.get("max_nodes"))
                 for name, (kw, kind) in cases.items()}
     return cluster, model, cases, expected, fastest, cheapest
 
 
-@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token"])
+@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token", "throughput-nodes"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_objective_matches_brute_force(instance, backend, case):
     cluster, model, cases, expected, _, _ = instance
@@ -83,6 +87,9 @@ def test_objective_matches_brute_force(instance, backend, case):
     if "budget_usd_per_h" in kw:
         assert cert.prices["usd_per_hour"] <= kw["budget_usd_per_h"] * (1 + 1e-12)
     assert cert.limits == {k: v for k, v in kw.items() if k != "objective"}
+    if "max_nodes" in kw:
+        assert plan.gpus_by_island().get("a100-spot+a100-od", 0) <= 2 and all(
+            f["nodes_free"] == 1 for f in cert.prices["free_nodes"] if f["group"] == "a100-od")
 
 
 def test_cheapest_plan_and_free_nodes(instance):
@@ -129,6 +136,10 @@ def test_infeasible_limits_are_diagnosed(instance):
     (dict(min_tokens_per_s=-5.0), "min_tokens_per_s"),
     (dict(objective=Objective(kind="min_cost"), budget_usd_per_h=10.0), "budget_usd_per_h"),
     (dict(objective="min_cost", launch="megatron"), "launch"),
+    (dict(max_nodes={"v100": -1}), "max_nodes['v100']"),
+    (dict(max_nodes={"v100": 3}), "max_nodes['v100']"),
+    (dict(max_nodes={"h100": 1}), "max_nodes['h100']"),
+    (dict(max_nodes=[1]), "max_nodes"),
 ])
 def test_invalid_objectives_name_the_field(kw, field):
     with pytest.raises(SpecError) as e:
@@ -181,3 +192,14 @@ def test_cli_plans_for_a_throughput_floor_at_least_cost(tmp_path):
     assert plan["certificate"]["limits"] == {"min_tokens_per_s": 1000.0}
     bad = subprocess.run([*args, "--budget-usd-per-h", "nan"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "--budget-usd-per-h" in bad.stderr and "Traceback" not in bad.stderr
+    # a node budget: no V100 node, so the A100s carry the plan
+    res = subprocess.run([*args, "--max-nodes", "v100=0"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
+    assert plan["certificate"]["limits"] == {"max_nodes": {"v100": 0}}
+    assert all(s["island"] == "a100" for p in plan["pipelines"] for s in p["stages"])
+    # with no A100 node the V100s cannot hold the model in two stages: infeasible (exit code 3)
+    res = subprocess.run([*args, "--max-nodes", "a100=0"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 3 and "no plan meets the limits" in res.stderr
+    bad = subprocess.run([*args, "--max-nodes", "h100=1"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "max_nodes['h100']" in bad.stderr

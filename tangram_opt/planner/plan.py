@@ -165,7 +165,7 @@ class Certificate:
     objective_value: float | None = None
     objective_bound: float | None = None
     objective_unit: str = "s per step"
-    limits: dict[str, float] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
     prices: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -183,12 +183,24 @@ class Certificate:
         if self.gap is None:
             return f"{self.status} ({self.backend}, {self.solve_time_s:.1f} s): no bound"
         if self.objective != "throughput" or self.limits:
-            lim = "".join(f", {k} {v:g}" for k, v in self.limits.items())
-            return (f"{self.status}: objective {self.objective}{lim}: {self.objective_value:.6g} {self.objective_unit}, "
+            lim = limits_text(self.limits)
+            return (f"{self.status}: objective {self.objective}{lim}: {self.objective_value:.6g} "
+                    f"{self.objective_unit}, "
                     f"within {100 * self.gap:.2f}% of the best plan in the model (bound {self.objective_bound:.6g}, "
                     f"{self.backend}, {self.solve_time_s:.1f} s)")
         return (f"{self.status}: within {100 * self.gap:.2f}% of the best plan in the model "
                 f"(bound {self.bound_s:.4f} s, {self.backend}, {self.solve_time_s:.1f} s)")
+
+
+def limits_text(limits: dict[str, Any]) -> str:
+    """A certificate's limits as ``", budget_usd_per_h 12, max_nodes v100=0"`` (empty without any)."""
+    parts = []
+    for k, v in limits.items():
+        if isinstance(v, dict):
+            parts.append(f", {k} " + ",".join(f"{g}={n}" for g, n in v.items()))
+        else:
+            parts.append(f", {k} {v:,.6g}")
+    return "".join(parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

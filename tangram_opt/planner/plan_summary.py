@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tangram_opt import units as u
-from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.plan import Plan, limits_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,7 +94,7 @@ def headline(plan: Plan) -> list[str]:
             if cert.plan_space.startswith("launch target "):
                 space = f"{cert.plan_space.split()[2].rstrip(':')} launch space (one job, every stage alike)"
             if cert.objective != "throughput" or cert.limits:
-                lim = "".join(f", {k} {v:,.6g}" for k, v in cert.limits.items())
+                lim = limits_text(cert.limits)
                 lines.append(f"objective: {cert.objective}{lim}: {cert.objective_value:,.6g} {cert.objective_unit}")
                 lines.append(f"certificate: {cert.status}, gap {_pct(cert.gap, 2)} (bound {cert.objective_bound:,.6g} "
                              f"{cert.objective_unit} on every plan in the {space} that meets the limits; "

@@ -90,23 +90,31 @@ def brute_force(ctx: PlanningContext, *, max_stages: int | None = None,
 
 
 def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h: float | None = None,
-                       min_tokens_per_s: float | None = None, max_stages: int | None = None,
-                       dense_on_first_stage: bool = False) -> tuple[float, float, float] | None:
+                       min_tokens_per_s: float | None = None, max_nodes: dict[str, int] | None = None,
+                       max_stages: int | None = None, dense_on_first_stage: bool = False
+                       ) -> tuple[float, float, float] | None:
     """Best plan under a dollar objective by exhaustive search: ``(objective value, closed-form
     step time, USD/h)`` of the best plan meeting the limits (None if none does).
 
     ``objective``: "throughput" (value: step time, s), "min_cost" (USD/h of the GPUs used, each
     island's cheapest node groups first) or "cost_per_token" (USD per 1M tokens). Prices come from
-    the cluster (:mod:`tangram_opt.specs.pricing`), independently of the planner's price curves.
+    the cluster (:mod:`tangram_opt.specs.pricing`), independently of the planner's price curves;
+    ``max_nodes`` (group -> nodes) takes the rest of a group's GPUs out of its island.
     """
+    from dataclasses import replace
+
     from tangram_opt.specs.pricing import price_steps, usd_per_hour_of
 
     R = max_stages or ctx.max_stages
     tokens = ctx.training.global_batch_size * ctx.training.seq_len
-    steps = {isl.index: price_steps(ctx.cluster, isl.node_groups) for isl in ctx.islands}
+    nodes = {g.name: (max_nodes or {}).get(g.name, g.num_nodes) * g.node.gpus_per_node
+             for g in ctx.cluster.node_groups}
+    steps = {isl.index: tuple((g, min(n, nodes[g]), p) for g, n, p in price_steps(ctx.cluster, isl.node_groups))
+             for isl in ctx.islands}
     best: tuple[float, float, float] | None = None
     for b in ctx.pipeline_micro_batches():
         problem = ctx.problem(b, max_stages=R)
+        problem = replace(problem, island_gpus={i: sum(n for _, n, _ in s) for i, s in steps.items()})
         for choices in enumerate_plans(problem, dense_on_first_stage=dense_on_first_stage):
             t = choices_timing(problem, list(choices)).step_time_s
             used: dict[int, int] = {}
@@ -118,7 +126,8 @@ def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h
                 continue
             if budget_usd_per_h is not None and usd_h > budget_usd_per_h * (1 + 1e-12):
                 continue
-            v = t if objective == "throughput" else usd_h if objective == "min_cost" else usd_h * t / 3600 / tokens * 1e6
+            v = (t if objective == "throughput" else usd_h if objective == "min_cost"
+                 else usd_h * t / 3600 / tokens * 1e6)
             if best is None or v < best[0]:
                 best = (v, t, usd_h)
     return best

@@ -55,7 +55,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           provider: CandidateProvider | None = None, options: SearchOptions | None = None,
           launch: str | None = None, objective: Objective | str | None = None,
           budget_usd_per_h: float | None = None, min_tokens_per_s: float | None = None,
-          **legacy_knobs: Any) -> Plan:
+          max_nodes: dict[str, int] | None = None, **legacy_knobs: Any) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
     Returns the best plan found with a :class:`~tangram_opt.planner.plan.Certificate` (incumbent,
@@ -95,7 +95,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       ``multi_pipeline=``, ...) are still accepted, with a DeprecationWarning;
     - ``objective``: "throughput" (the default), "min_cost" (USD/h of the GPUs used) or
       "cost_per_token", or an :class:`~tangram_opt.planner.search.objective.Objective`; limits
-      ``budget_usd_per_h`` (USD/h of the GPUs used) and ``min_tokens_per_s`` (a throughput floor).
+      ``budget_usd_per_h`` (USD/h of the GPUs used), ``min_tokens_per_s`` (a throughput floor) and
+      ``max_nodes`` (node group name -> most of its nodes the plan may use).
       Anything but throughput without limits runs the priced search (priced.py; formulations/
       pipeline_mip.md §4b): single pipelines, one priced positional MIP per pipeline micro-batch
       size, the certificate on that objective; ``launch=`` and explicit windows, knapsack or
@@ -111,11 +112,12 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     calibration = calibration_input(calibration)
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
-    goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s)
+    goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s, max_nodes)
     if not goal.is_default:
         if launch is not None:
             raise SpecError("launch", launch, f"cannot be combined with a non-default objective ({goal.describe()}): "
-                            "launch targets are searched for throughput only", "drop launch= or the objective and limits")
+                            "launch targets are searched for throughput only",
+                            "drop launch= or the objective and limits")
         return _solve_priced(cluster, model, training, goal, options=options, space=space, calibration=calibration,
                              profiles=profiles, provider=provider, moe_load_imbalance=moe_load_imbalance,
                              expert_loads=expert_loads, backend=backend, time_limit_s=time_limit_s, threads=threads,
@@ -172,16 +174,16 @@ def _solve_priced(cluster: Cluster, model: ModelSpec, training: TrainingSpec, go
     plan = PricedSearch(ctx, goal, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
                         rel_gap=rel_gap, fluid_cuts=options.fluid_cuts, warm_start=options.warm_start,
                         on_progress=on_progress, t0=t0).run()
-    return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
+    return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx, goal.max_nodes)
 
 
-def _with_prices(plan: Plan, ctx: PlanningContext) -> Plan:
+def _with_prices(plan: Plan, ctx: PlanningContext, max_nodes: dict[str, int] | None = None) -> Plan:
     """``plan`` with its dollar figures in the certificate (``Certificate.prices``), when every
     GPU of the cluster has a price."""
     if plan.certificate is None:
         return plan
     try:
-        prices = plan_prices(plan, ctx)
+        prices = plan_prices(plan, ctx, max_nodes)
     except SpecError:
         return plan
     return replace(plan, certificate=replace(plan.certificate, prices=prices))

@@ -8,7 +8,8 @@
 - ``"cost_per_token"``: the fewest dollars per token, i.e. USD/h of the GPUs used x step time.
 
 Limits, with any objective: ``budget_usd_per_h`` (USD per hour of the GPUs the plan uses) and
-``min_tokens_per_s`` (a throughput floor: step time <= tokens per step / floor). Prices are those of
+``min_tokens_per_s`` (a throughput floor: step time <= tokens per step / floor), ``max_nodes``
+(node group name -> most of its nodes the plan may use: a node budget per group). Prices are those of
 :mod:`tangram_opt.specs.pricing` (the cluster file's ``price_per_gpu_hour``, else the default table),
 per GPU: a plan pays for the GPUs its stages use, and GPUs it leaves idle are free to release (the
 plan summary lists whole free nodes). Invalid values raise a :class:`SpecError` naming the field.
@@ -48,6 +49,7 @@ class Objective:
     kind: str = "throughput"
     budget_usd_per_h: float | None = None
     min_tokens_per_s: float | None = None
+    max_nodes: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OBJECTIVES:
@@ -56,11 +58,21 @@ class Objective:
                                                             "250"))
         object.__setattr__(self, "min_tokens_per_s", _limit("min_tokens_per_s", self.min_tokens_per_s,
                                                             "tokens per second", "500000"))
+        if self.max_nodes is not None:
+            if not isinstance(self.max_nodes, dict) or not self.max_nodes:
+                raise SpecError("max_nodes", self.max_nodes, "must be a non-empty mapping of node group name to "
+                                "a number of nodes", "e.g. max_nodes={'v100': 2}, or None for no node budget")
+            for g, n in self.max_nodes.items():
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise SpecError(f"max_nodes[{g!r}]", n, "must be a whole number of nodes >= 0",
+                                    f"e.g. max_nodes={{{g!r}: 1}}")
+            object.__setattr__(self, "max_nodes", dict(self.max_nodes))
 
     @property
     def is_default(self) -> bool:
         """Throughput without limits: the full search (windows, multi-pipeline level) runs."""
-        return self.kind == "throughput" and self.budget_usd_per_h is None and self.min_tokens_per_s is None
+        return (self.kind == "throughput" and self.budget_usd_per_h is None and self.min_tokens_per_s is None
+                and self.max_nodes is None)
 
     @property
     def needs_prices(self) -> bool:
@@ -70,29 +82,35 @@ class Objective:
     def unit(self) -> str:
         return OBJECTIVE_UNITS[self.kind]
 
-    def limits(self) -> dict[str, float]:
-        out = {}
+    def limits(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if self.budget_usd_per_h is not None:
             out["budget_usd_per_h"] = self.budget_usd_per_h
         if self.min_tokens_per_s is not None:
             out["min_tokens_per_s"] = self.min_tokens_per_s
+        if self.max_nodes is not None:
+            out["max_nodes"] = dict(self.max_nodes)
         return out
 
     def describe(self) -> str:
         words = {"throughput": "maximize throughput", "min_cost": "minimize USD/h",
                  "cost_per_token": "minimize USD per token"}[self.kind]
         lim = [f"USD/h <= {self.budget_usd_per_h:g}" if self.budget_usd_per_h is not None else "",
-               f"tokens/s >= {self.min_tokens_per_s:g}" if self.min_tokens_per_s is not None else ""]
+               f"tokens/s >= {self.min_tokens_per_s:g}" if self.min_tokens_per_s is not None else "",
+               "nodes " + ", ".join(f"{g} <= {n}" for g, n in self.max_nodes.items()) if self.max_nodes else ""]
         lim = [x for x in lim if x]
         return words + (f" subject to {' and '.join(lim)}" if lim else "")
 
 
 def objective_input(objective: Objective | str | None, budget_usd_per_h: Any = None,
-                    min_tokens_per_s: Any = None) -> Objective:
+                    min_tokens_per_s: Any = None, max_nodes: Any = None) -> Objective:
     """``solve``'s objective arguments as one :class:`Objective` (each value checked)."""
     if objective is None:
         objective = "throughput"
     if isinstance(objective, Objective):
+        if max_nodes is not None:
+            raise SpecError("max_nodes", max_nodes, "is given together with an Objective",
+                            "put the node budget into the Objective(...)")
         if budget_usd_per_h is not None or min_tokens_per_s is not None:
             raise SpecError("budget_usd_per_h" if budget_usd_per_h is not None else "min_tokens_per_s",
                             budget_usd_per_h if budget_usd_per_h is not None else min_tokens_per_s,
@@ -101,7 +119,8 @@ def objective_input(objective: Objective | str | None, budget_usd_per_h: Any = N
     if not isinstance(objective, str):
         raise SpecError("objective", objective, "is not an objective name or an Objective",
                         f"use one of {', '.join(OBJECTIVES)} or tangram_opt.Objective(...)")
-    return Objective(kind=objective, budget_usd_per_h=budget_usd_per_h, min_tokens_per_s=min_tokens_per_s)
+    return Objective(kind=objective, budget_usd_per_h=budget_usd_per_h, min_tokens_per_s=min_tokens_per_s,
+                     max_nodes=max_nodes)
 
 
 __all__ = ["FORMULATION_OBJECTIVE", "OBJECTIVES", "OBJECTIVE_UNITS", "Objective", "objective_input"]

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tangram_opt import units as u
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
-from tangram_opt.errors import InfeasibleError, NoSolutionError
+from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.diagnose import diagnose_infeasible
@@ -43,24 +43,48 @@ from tangram_opt.specs.pricing import fill_cheapest, price_steps
 COST_STEP_TICKS = 1e7
 
 
-def island_price_curves(ctx: PlanningContext) -> dict[int, tuple[tuple[int, float], ...]]:
-    """Island index -> price steps ``((GPUs, USD per GPU-hour), ...)``, cheapest first (raises the
-    pricing layer's SpecError naming ``node_groups[i].price_per_gpu_hour`` for a group with no price)."""
-    return {isl.index: tuple((n, p) for _, n, p in price_steps(ctx.cluster, isl.node_groups)) for isl in ctx.islands}
+def group_caps(ctx: PlanningContext, max_nodes: Mapping[str, int] | None) -> dict[str, int]:
+    """Node group name -> GPUs a plan may use of it (all of them, or ``max_nodes`` of its nodes)."""
+    groups = {g.name: g for g in ctx.cluster.node_groups}
+    for name, n in (max_nodes or {}).items():
+        if name not in groups:
+            raise SpecError(f"max_nodes[{name!r}]", n, f"is not a node group of cluster {ctx.cluster.name!r}",
+                            f"use one of {', '.join(groups)}")
+        if n > groups[name].num_nodes:
+            raise SpecError(f"max_nodes[{name!r}]", n, f"is more than the group's {groups[name].num_nodes} nodes",
+                            "give at most the group's node count")
+    return {g.name: min(g.num_nodes, (max_nodes or {}).get(g.name, g.num_nodes)) * g.node.gpus_per_node
+            for g in ctx.cluster.node_groups}
 
 
-def plan_prices(plan: Plan, ctx: PlanningContext) -> dict[str, Any]:
+def capped_steps(ctx: PlanningContext, node_groups: Sequence[str], caps: Mapping[str, int]
+                 ) -> tuple[tuple[str, int, float], ...]:
+    """An island's price steps (:func:`~tangram_opt.specs.pricing.price_steps`) with each group
+    cut to the GPUs the node budget leaves it."""
+    return tuple((g, min(n, caps[g]), p) for g, n, p in price_steps(ctx.cluster, node_groups) if min(n, caps[g]) > 0)
+
+
+def island_price_curves(ctx: PlanningContext, caps: Mapping[str, int]) -> dict[int, tuple[tuple[int, float], ...]]:
+    """Island index -> price steps ``((GPUs, USD per GPU-hour), ...)``, cheapest first, within the
+    node budget ``caps`` (raises the pricing layer's SpecError naming
+    ``node_groups[i].price_per_gpu_hour`` for a group with no price)."""
+    return {isl.index: tuple((n, p) for _, n, p in capped_steps(ctx, isl.node_groups, caps)) for isl in ctx.islands}
+
+
+def plan_prices(plan: Plan, ctx: PlanningContext, max_nodes: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The dollar figures the plan summary prints: USD/h of the GPUs used, USD per 1M tokens (at the
     exact step time) and the whole nodes each node group leaves free. The same accounting as
-    :func:`tangram_opt.costing.plan_cost` without egress (which that function adds)."""
+    :func:`tangram_opt.costing.plan_cost` without egress (which that function adds), except that a
+    node budget (``max_nodes``) takes the budgeted groups' GPUs out of the cheapest-first fill."""
     used = plan.gpus_by_island()
     usd_h, free = 0.0, []
+    caps = group_caps(ctx, max_nodes)
     for isl in ctx.islands:
-        steps = price_steps(ctx.cluster, isl.node_groups)
+        steps = capped_steps(ctx, isl.node_groups, caps)
         taken = fill_cheapest(steps, used.get(isl.name, 0))
         price = {g: p for g, _, p in steps}
         usd_h += sum(n * price[g] for g, n in taken.items())
-        for g, n_gpus, _ in steps:
+        for g, n_gpus, _ in price_steps(ctx.cluster, isl.node_groups):
             nodes = n_gpus // isl.gpus_per_node
             idle = nodes - math.ceil(taken.get(g, 0) / isl.gpus_per_node)
             if idle:
@@ -68,6 +92,12 @@ def plan_prices(plan: Plan, ctx: PlanningContext) -> dict[str, Any]:
     tokens = plan.global_batch_size * plan.seq_len
     return {"usd_per_hour": usd_h, "usd_per_1m_tokens": usd_h * plan.step_time_s / u.HOUR / tokens * 1e6,
             "free_nodes": free}
+
+
+def _cheapest_stage_usd_h(p: PipelineProblem) -> float:
+    """USD/h of the cheapest stage that fits its island's (budgeted) GPUs: every plan has one."""
+    return min((p.usd_per_hour([StageChoice(candidate=ci, layers={})]) for ci, c in enumerate(p.candidates)
+                if c.gpus <= p.island_gpus[c.island]), default=math.inf)
 
 
 @dataclass(slots=True)
@@ -92,7 +122,9 @@ class PricedSearch:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.tokens = ctx.training.global_batch_size * ctx.training.seq_len
         self.max_step_s = self.tokens / objective.min_tokens_per_s if objective.min_tokens_per_s else None
-        self.prices = island_price_curves(ctx) if objective.needs_prices else {}
+        self.caps = group_caps(ctx, objective.max_nodes)
+        self.island_gpus = {isl.index: sum(self.caps[g] for g in isl.node_groups) for isl in ctx.islands}
+        self.prices = island_price_curves(ctx, self.caps) if objective.needs_prices else {}
         self.form_objective = FORMULATION_OBJECTIVE[objective.kind]
         self.subs: dict[int, _Sub] = {}
         self.inc: tuple[int, list[StageChoice]] | None = None
@@ -108,6 +140,12 @@ class PricedSearch:
     def value(self, problem: PipelineProblem, choices: list[StageChoice]) -> tuple[float, float, bool]:
         """(objective value in the objective's unit, closed-form step time, meets the limits)."""
         step = choices_timing(problem, choices).step_time_s
+        used: dict[int, int] = {}
+        for st in choices:
+            c = problem.candidates[st.candidate]
+            used[c.island] = used.get(c.island, 0) + c.gpus
+        if any(n > problem.island_gpus[i] for i, n in used.items()):  # a seed beyond the node budget
+            return math.inf, step, False
         usd_h = problem.usd_per_hour(choices) if problem.island_prices else 0.0
         ok = (self.max_step_s is None or step <= self.max_step_s * (1 + 1e-12)) and (
             self.obj.budget_usd_per_h is None or usd_h <= self.obj.budget_usd_per_h * (1 + 1e-12))
@@ -146,7 +184,7 @@ class PricedSearch:
         cap = self.max_step_s
         if self.obj.kind == "cost_per_token" and math.isfinite(self.inc_value):
             # an improving plan has step <= its cost / the cheapest stage's USD per second
-            cheapest = min(p.usd_per_hour([StageChoice(candidate=ci, layers={})]) for ci in range(len(p.candidates)))
+            cheapest = _cheapest_stage_usd_h(p)
             if cheapest > 0:
                 usd_step = self.target() * self.tokens / 1e6
                 cap = min(cap if cap is not None else math.inf, usd_step * u.HOUR / cheapest)
@@ -201,7 +239,8 @@ class PricedSearch:
             sub.status = f"error: {res.message}"
             sub.bound = max(sub.bound, self.trivial_bound(sub))
         else:
-            model_bound = self.to_value(mip, res.bound, bound=True) if res.bound is not None else self.trivial_bound(sub)
+            model_bound = (self.to_value(mip, res.bound, bound=True) if res.bound is not None
+                           else self.trivial_bound(sub))
             sub.bound = min(max(model_bound, self.trivial_bound(sub)), target)
             sub.status = "optimal" if res.status == SolveStatus.OPTIMAL else "not finished (time limit)"
         self.emit(f"b={b}: {res.status.value}")
@@ -213,14 +252,15 @@ class PricedSearch:
         step = quick_lower_bound(p)
         if self.obj.kind == "throughput":
             return step
-        usd_h = min(p.usd_per_hour([StageChoice(candidate=ci, layers={})]) for ci in range(len(p.candidates)))
+        usd_h = _cheapest_stage_usd_h(p)
         return usd_h if self.obj.kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
 
     # --- the search ------------------------------------------------------------------------
     def run(self) -> Plan:
         ctx = self.ctx
         for b in ctx.pipeline_micro_batches():
-            self.subs[b] = _Sub(problem=replace(ctx.problem(b), island_prices=self.prices))
+            self.subs[b] = _Sub(problem=replace(ctx.problem(b), island_prices=self.prices,
+                                                island_gpus=dict(self.island_gpus)))
         live = [b for b, s in self.subs.items() if s.problem.candidates]
         for b, s in self.subs.items():
             if not s.problem.candidates:
@@ -272,7 +312,8 @@ class PricedSearch:
                       "candidates": len(s.problem.candidates)} for s in self.subs.values())
         throughput = self.obj.kind == "throughput"
         notes = [f"objective: {self.obj.describe()}",
-                 "formulation: positional, one priced MIP per pipeline micro-batch size (formulations/pipeline_mip.md §4b)",
+                 "formulation: positional, one priced MIP per pipeline micro-batch size "
+                 "(formulations/pipeline_mip.md §4b)",
                  "the multi-pipeline level does not run under a non-default objective"]
         if self.rejected:
             notes.append(f"{self.rejected} MIP solution(s) broke a limit in the exact closed form and were dropped")
@@ -291,7 +332,8 @@ class PricedSearch:
         parts = [f"no plan meets the limits ({o.describe()})"]
         if o.budget_usd_per_h is not None:
             try:
-                cheap = PricedSearch(self.ctx, Objective(kind="min_cost", min_tokens_per_s=o.min_tokens_per_s),
+                cheap = PricedSearch(self.ctx, Objective(kind="min_cost", min_tokens_per_s=o.min_tokens_per_s,
+                                                            max_nodes=o.max_nodes),
                                      backend=self.backend, time_limit_s=left, threads=self.threads, seed=self.seed,
                                      rel_gap=self.rel_gap).run()
                 floor = " that meets the throughput floor" if o.min_tokens_per_s else ""
@@ -304,8 +346,8 @@ class PricedSearch:
                 parts.append("no plan was found without the budget either within the time")
         if o.min_tokens_per_s is not None and len(parts) == 1:
             try:
-                fast = PricedSearch(self.ctx, Objective(budget_usd_per_h=o.budget_usd_per_h), backend=self.backend,
-                                    time_limit_s=left, threads=self.threads, seed=self.seed, rel_gap=self.rel_gap).run()
+                fast = PricedSearch(self.ctx, Objective(budget_usd_per_h=o.budget_usd_per_h, max_nodes=o.max_nodes),
+                                    backend=self.backend, time_limit_s=left, threads=self.threads, seed=self.seed, rel_gap=self.rel_gap).run()
                 best = self.tokens / fast.certificate.objective_bound if fast.certificate.objective_bound else math.inf
                 within = " within the budget" if o.budget_usd_per_h else ""
                 parts.append(f"the fastest plan{within} reaches {self.tokens / fast.certificate.objective_s:,.0f} "
