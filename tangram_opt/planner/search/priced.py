@@ -294,6 +294,10 @@ class PricedSearch:
     def finish(self) -> Plan:
         ctx = self.ctx
         if self.inc is None:
+            if self.rejected:
+                raise NoSolutionError(f"no plan found ({self.obj.describe()}): the {self.rejected} plan(s) the MIPs "
+                                      "found break a limit in the exact closed form (the model relaxes the step "
+                                      "time by a few ticks and the p2p side times); loosen the limit slightly")
             if any(s.status.startswith("not") or s.status.startswith("error") for s in self.subs.values()):
                 raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend {self.backend!r} "
                                       f"({self.obj.describe()}); raise time_limit_s or try another backend")
@@ -347,7 +351,8 @@ class PricedSearch:
         if o.min_tokens_per_s is not None and len(parts) == 1:
             try:
                 fast = PricedSearch(self.ctx, Objective(budget_usd_per_h=o.budget_usd_per_h, max_nodes=o.max_nodes),
-                                    backend=self.backend, time_limit_s=left, threads=self.threads, seed=self.seed, rel_gap=self.rel_gap).run()
+                                    backend=self.backend, time_limit_s=left, threads=self.threads, seed=self.seed,
+                                    rel_gap=self.rel_gap).run()
                 best = self.tokens / fast.certificate.objective_bound if fast.certificate.objective_bound else math.inf
                 within = " within the budget" if o.budget_usd_per_h else ""
                 parts.append(f"the fastest plan{within} reaches {self.tokens / fast.certificate.objective_s:,.0f} "
