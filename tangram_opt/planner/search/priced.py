@@ -321,6 +321,9 @@ class PricedSearch:
                  "the multi-pipeline level does not run under a non-default objective"]
         if self.rejected:
             notes.append(f"{self.rejected} MIP solution(s) broke a limit in the exact closed form and were dropped")
+        if self.obj.kind == "cost_per_token" and status != CertificateStatus.OPTIMAL and self.backend != "cp-sat":
+            notes.append("cost per token: CP-SAT closes these models much faster than LP-based backends "
+                         "(formulations/pipeline_mip.md §4b); try backend='cp-sat'")
         cert = Certificate(
             status=status, backend=self.backend, objective_s=self.inc_step_s,
             bound_s=bound if throughput else None, gap=gap, solve_time_s=self.elapsed(), plan_space=space,
