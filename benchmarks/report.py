@@ -311,6 +311,17 @@ def technique_summary(results: Sequence[ScenarioResult]) -> list[str]:
     return lines
 
 
+#: how to read the MFU column next to public runs (the published numbers are rows of
+#: benchmarks/data/published_runs.yaml, with their sources; docs/results/cost_model_validation.md)
+MFU_CONTEXT = ('MFU next to public runs (benchmarks/data/published_runs.yaml, each with its source; the cost model p'
+               'redicts them within a median 7.9%, docs/results/cost_model_validation.md): dense models on A100 publ'
+               'ished 49-64% (MosaicML llm-foundry, MPT 1B-70B, bf16) and 41-56% (Megatron-LM 2022, GPT 22B-1T, fp16'
+               '); on H100 41-49% (Megatron-Core r0.8, GPT 1.7B-462B), 37-46% (llm-foundry, MPT 3B-70B), 38-43% (Lla'
+               'ma 3 405B pre-training) and 33-39% (torchtitan, Llama-3.1 8B, FSDP); MoE runs lower (DeepSeek-V3 on '
+               'H100: 216-250 model TFLOP/s per GPU, 22-25%). The control scenario (64 H100, Llama-3-8B) and the den'
+               'se heterogeneous plans fall in these ranges. MFU here is over the dense bf16/fp16 tensor-core peaks.')
+
+
 def report(results: Sequence[ScenarioResult], machine: dict[str, str], *, quick: bool, backend: str, threads: int,
            total_s: float, plots: Sequence[str] = (), plot_prefix: str = "") -> str:
     het = [r for r in results if r.heterogeneous]
@@ -355,6 +366,7 @@ def report(results: Sequence[ScenarioResult], machine: dict[str, str], *, quick:
             "and shared, its time is in the detail table's wall column); gap is the certified relative gap of the "
             "MIP's plan over the whole plan space, under the cost model."), ""]
     out += summary_table(results)
+    out += ["", MFU_CONTEXT]
     if violations:
         out += ["", "## BUG: MIP below a baseline", "",
                 ("The MIP is warm-started with the greedy plan and its plan space contains every single-island and "
