@@ -203,3 +203,32 @@ def test_cli_plans_for_a_throughput_floor_at_least_cost(tmp_path):
     assert res.returncode == 3 and "no plan meets the limits" in res.stderr
     bad = subprocess.run([*args, "--max-nodes", "h100=1"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "max_nodes['h100']" in bad.stderr
+
+
+@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token"])
+def test_the_solver_free_bound_holds_and_the_priced_work_lifts_it(instance, case):
+    # the bound a sub-problem keeps when its MIP ends without one: below the brute-force optimum of
+    # every case; with a step cap (floor) or a budget, the priced work lifts it above the plain
+    # cheapest-stage / quick step bound
+    from dataclasses import replace
+
+    from tangram_opt.planner.formulations.bounds import quick_lower_bound
+    from tangram_opt.planner.search.priced import PricedSearch, _cheapest_stage_usd_h, _Sub
+
+    cluster, model, cases, expected, _, _ = instance
+    kw, kind = cases[case]
+    ctx = PlanningContext(cluster, model, TRAINING, space=SPACE)
+    search = PricedSearch(ctx, Objective(kind=kind, budget_usd_per_h=kw.get("budget_usd_per_h"),
+                                         min_tokens_per_s=kw.get("min_tokens_per_s")),
+                          backend=BACKENDS[0], time_limit_s=1, threads=1, seed=0, rel_gap=1e-6)
+    lifted = 0
+    for b in ctx.pipeline_micro_batches():
+        p = replace(ctx.problem(b), island_prices=search.prices, island_gpus=dict(search.island_gpus))
+        if not p.candidates:
+            continue
+        bound = search.trivial_bound(_Sub(problem=p))
+        assert bound <= expected[case][0] * (1 + 1e-9), (b, bound, expected[case][0])
+        plain = {"throughput": quick_lower_bound(p), "min_cost": _cheapest_stage_usd_h(p)}.get(kind)
+        lifted += plain is not None and bound > plain * (1 + 1e-6)
+    if kind != "cost_per_token":
+        assert lifted, "the priced work never lifted the bound"

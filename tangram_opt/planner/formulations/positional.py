@@ -293,11 +293,17 @@ class PositionalMIP:
             self.H[i] = md.add_var(f"H[{i}]", 0, f, integer=True)
             for j, (a, q) in enumerate(rows):
                 md.add(self.H[i] >= a + q * G[i], f"price[{i},{j}]")
+        # the work rows below: USD/h x step >= m x work (see _work); with the step capped (a throughput
+        # floor) that bounds the USD/h, with the USD/h capped (a budget) it bounds the step
         if o.budget_usd_per_h is not None:
-            md.add(lsum(self.H.values()) <= math.floor(o.budget_usd_per_h / unit + 1e-9), "budget")
+            budget = math.floor(o.budget_usd_per_h / unit + 1e-9)
+            md.add(lsum(self.H.values()) <= budget, "budget")
+            md.add(budget * step >= p.num_micro_batches * self._work(pieces, fl), "budget_work")
         if o.objective == "step_time":
             return step
         if o.objective == "usd_per_hour":
+            if cap is not None:
+                md.add(cap * lsum(self.H.values()) >= p.num_micro_batches * self._work(pieces, fl), "cap_work")
             return lsum(self.H.values())
         # usd_per_step: Q[i] >= a_j step + q_j sum_c g_c zq[r,c], zq[r,c] = x[r,c] * step (big-M, exact)
         big = cap if cap is not None else self._step_cap_ticks(ce) + slack
@@ -326,8 +332,16 @@ class PositionalMIP:
         cheapest = min(min(a + q * cands[ci].gpus for a, q in pieces[cands[ci].island]) for (_, ci) in self.x)
         md.add(lsum(self.Q.values()) >= cheapest * step, "price_step_low_h")
         md.add(lsum(self.Q.values()) >= low * lsum(self.H.values()), "price_step_low_s")
-        # work: the step is at least m x every stage's time (S >= (m-1) Smax + T[r]), so USD/h x step
-        # >= m x sum over stages of (cheapest USD per GPU-hour of its island) x GPUs x stage time
+        md.add(lsum(self.Q.values()) >= p.num_micro_batches * self._work(pieces, fl), "price_work")
+        return lsum(self.Q.values())
+
+    def _work(self, pieces: dict[int, list[tuple[int, int]]], fl) -> LinExpr:  # type: ignore[no-untyped-def]
+        """The GPU work of one micro-batch priced at each island's cheapest GPU-hour (price units x
+        ticks): sum over stages of (cheapest price of its island) x GPUs x stage time. The step is at
+        least m x every stage's time (S >= (m-1) Smax + T[r]) and a stage's USD/h is at least its
+        GPUs at that price, so USD/h x step >= m x this (rows ``price_work``, ``cap_work``,
+        ``budget_work``)."""
+        cands = self.problem.candidates
         qmin = {i: min(q for _, q in rows) for i, rows in pieces.items()}
         work = LinExpr()
         for (r, ci, k), var in self.w.items():
@@ -339,8 +353,7 @@ class PositionalMIP:
             if r == 0:
                 work.add_term(self.x[r, ci], qmin[c.island] * c.gpus * (fl(c.head.fwd_time_s)
                                                                         + fl(c.head.bwd_time_s)))
-        md.add(lsum(self.Q.values()) >= p.num_micro_batches * work, "price_work")
-        return lsum(self.Q.values())
+        return work
 
     def _step_cap_ticks(self, ce) -> int:  # type: ignore[no-untyped-def]
         """An upper bound (ticks) of the model's step time of every plan: every layer at its

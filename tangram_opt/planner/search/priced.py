@@ -100,6 +100,26 @@ def _cheapest_stage_usd_h(p: PipelineProblem) -> float:
                 if c.gpus <= p.island_gpus[c.island]), default=math.inf)
 
 
+def _priced_work(p: PipelineProblem) -> float:
+    """A lower bound on sum over stages of USD/h x stage time per micro-batch (USD/h x s): each
+    layer (and the embedding and the head, once each) priced at the candidate that does it for the
+    fewest GPU-seconds x the cheapest GPU-hour of its island. Every stage's time is at most step / m
+    (the closed form's step is at least m x every stage's forward + backward), so a plan's USD/h x
+    step is at least m x this: a budget bounds the step, a step cap (throughput floor) the USD/h."""
+    cheapest = {i: min((price for _, price in steps), default=math.inf) for i, steps in p.island_prices.items()}
+    cands = [c for c in p.candidates if c.gpus <= p.island_gpus[c.island]]
+    if not cands:
+        return 0.0
+
+    def gpu_s(c, part) -> float:  # type: ignore[no-untyped-def]
+        return cheapest.get(c.island, math.inf) * c.gpus * (part.fwd_time_s + part.bwd_time_s)
+
+    work = sum(n * min((gpu_s(c, c.layer[k]) for c in cands if k in c.layer), default=math.inf)
+               for k, n in p.layers.items() if n)
+    work += min(gpu_s(c, c.embedding) for c in cands) + min(gpu_s(c, c.head) for c in cands)
+    return work if math.isfinite(work) else 0.0
+
+
 @dataclass(slots=True)
 class _Sub:
     problem: PipelineProblem
@@ -247,13 +267,18 @@ class PricedSearch:
 
     def trivial_bound(self, sub: _Sub) -> float:
         """A bound without a solver: the quick step-time bound; the cheapest stage's USD/h (every
-        plan has one); their product per token."""
+        plan has one); their product per token; and the priced work (:func:`_priced_work`) over the
+        budget, the step cap or per token."""
         p = sub.problem
         step = quick_lower_bound(p)
+        work = p.num_micro_batches * _priced_work(p)  # <= USD/h x step of every plan (USD/h x s)
         if self.obj.kind == "throughput":
-            return step
+            budget = self.obj.budget_usd_per_h
+            return max(step, work / budget) if budget else step
         usd_h = _cheapest_stage_usd_h(p)
-        return usd_h if self.obj.kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
+        if self.obj.kind == "min_cost":
+            return max(usd_h, work / self.max_step_s) if self.max_step_s else usd_h
+        return max(usd_h * step, work) / u.HOUR / self.tokens * 1e6
 
     # --- the search ------------------------------------------------------------------------
     def run(self) -> Plan:
