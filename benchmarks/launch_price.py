@@ -98,6 +98,12 @@ def page(rows: list[dict], quick: bool, threads: int, cap_s: float | None = None
             else:
                 cells.append(f"{x['step_s']:.4g}, **{100 * (x['step_s'] / r['free_s'] - 1):+.1f}%** ({_pct(x['gap'])})")
         out.append("| " + " | ".join(cells) + " |")
+    below = [f"{r['scenario']} ({t})" for r in rows for t in FRAMEWORKS
+             if "step_s" in r.get(t, {}) and r[t]["step_s"] < r["free_s"]]
+    if below:
+        out += ["", f"A negative price ({', '.join(below)}) is a search result, not a paradox: the launch space "
+                "lies inside the whole space, so the whole-space search ended, within its time limit, above a plan "
+                "the launch search found (its gap says how far it could still be from its best)."]
     out += ["", "Launchable plans (stages x layout on islands, GPUs used):", ""]
     for r in rows:
         for t in FRAMEWORKS:
