@@ -351,3 +351,55 @@ def test_options_are_validated():
         MultiPipelineOptions(max_pipelines=1)
     with pytest.raises(SpecError, match="template_share"):
         MultiPipelineOptions(template_share=1.5)
+
+
+# --- issue 27: the strengthened level-2 bound (constant Rho/Opt bounds, branched LP) -----------------
+def _level2_models(monkeypatch, instance, **kw):
+    """solve_level2 on ``instance`` with and without the strengthenings; the models it hands the solver."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+    models = []
+    real = l2.solve_model
+
+    def grab(md, *a, **k):
+        models.append(md)
+        return real(md, *a, **k)
+
+    monkeypatch.setattr(l2, "solve_model", grab)
+    out = {}
+    for strengthen in (False, True):
+        out[strengthen] = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
+                                       backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9, strengthen=strengthen,
+                                       **kw)
+    return out, models, best
+
+
+def test_strengthened_level2_lp_bound_is_valid_and_no_weaker(monkeypatch, instance):
+    out, _, best = _level2_models(monkeypatch, instance)
+    old, new = out[False], out[True]
+    tick = new.info["tick_s"]
+    assert new.info["lp_bound_s"] is not None and old.info["lp_bound_s"] is not None
+    # the claimed LP bound (one tick off, as solve_level2 takes it) is below the brute-force optimum
+    assert new.info["lp_bound_s"] - tick <= best.objective_s * (1 + 1e-12)
+    assert new.info["branched_lp_bound_s"] is not None
+    assert new.info["lp_bound_s"] >= old.info["lp_bound_s"] - 1e-12
+    assert new.info["root_lp_bound_s"] >= old.info["root_lp_bound_s"] - 1e-9 * tick
+    assert new.bound_s <= best.objective_s * (1 + 1e-12)
+    assert new.objective_s == pytest.approx(best.objective_s, rel=1e-9) == old.objective_s
+
+
+def test_strengthened_level2_rows_keep_the_best_plan_feasible(monkeypatch, instance):
+    """The brute-force optimum, given as the warm start, is a feasible point of the strengthened model
+    (every row, the lp_bound row with the branched bound included)."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    best = instance[7]
+    # a warm objective above the optimum keeps every pair of the optimum in the model
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: (best.objective_s * 2, list(best.pipes)))
+    out, models, _ = _level2_models(monkeypatch, instance)
+    md = models[-1]
+    assert out[True].info["hinted"] and len(md.hint) == len(md.vars)
+    x = [md.hint[i] for i in range(len(md.vars))]
+    assert md.check(x) == []
+    assert out[True].objective_s == pytest.approx(best.objective_s, rel=1e-9)

@@ -160,12 +160,13 @@ def greedy_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: T
 
 def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
                  max_pipelines: int, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
-                 rel_gap: float = 1e-4) -> Level2Result:
+                 rel_gap: float = 1e-4, strengthen: bool = True) -> Level2Result:
     """Choose replica counts of (template, micro-batch count) pairs; see formulations/multi_pipeline.md.
 
     Only plans with 2..``max_pipelines`` pipelines and objective below ``cutoff_s`` are searched
     (pairs that cannot be part of one are left out, which keeps the bound valid: it is capped at
-    the cutoff).
+    the cutoff). ``strengthen=False`` leaves out the issue-27 strengthenings (the constant lower
+    bounds of ``Rho`` and ``Opt`` and the branched LP bound), for comparisons.
     """
     t0 = time.perf_counter()
     B = ctx.training.global_batch_size
@@ -225,7 +226,9 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     cf_max = max(fl(cf) for _, _, cf in pairs)
     tp = md.add_var("Tpipe", min(fl(fluid_s), cf_max), cf_max, integer=True)
     opt_max = max(fl(t.optimizer_s) for t in used_t)
-    o = md.add_var("Opt", 0, opt_max, integer=True)
+    # every plan here has R >= 2 pipelines, so some template runs: Opt >= min_t OPT_t and
+    # Rho >= min_t ratio_t hold whatever the (fractional) w[t] (formulations/multi_pipeline.md)
+    o = md.add_var("Opt", min(fl(t.optimizer_s) for t in used_t) if strengthen else 0, opt_max, integer=True)
     # GPU-time per island: replicas are disjoint and each is busy CF' <= Tpipe, so
     # sum g CF' n <= N Tpipe (valid; it prices fill, drain and tails into the LP relaxation)
     for isl in ctx.islands:
@@ -244,7 +247,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     # sync: ring factor 2(R-1)/R times the most loaded resource, plus latency (lower bounds)
     zs = _ZoneBounds(ctx, pricer, used_t, fl)
     rho_ub = max([fl(t.ratio_s) for t in used_t] + [zs.sigma] + list(zs.kappa.values()))
-    rho = md.add_var("Rho", 0, rho_ub, integer=True)
+    rho = md.add_var("Rho", min(fl(t.ratio_s) for t in used_t) if strengthen else 0, rho_ub, integer=True)
     for t in used_t:
         if fl(t.ratio_s) > 0:
             md.add(rho >= fl(t.ratio_s) * w[t.index], f"rho[{t.index}]")
@@ -268,6 +271,17 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     if lp is not None and math.isinf(lp) and lp > 0:
         return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
     lp_ticks = math.ceil(lp - 1e-6 * max(1.0, abs(lp))) if lp is not None and math.isfinite(lp) else None
+    branched = None
+    if lp_ticks is not None and strengthen:
+        # branch on the zone binaries (or, with one zone, on R): the minimum over the patterns of
+        # their LPs bounds the MIP as well, and prices the zone link / the ring factor exactly
+        patterns = _patterns(zs, y)
+        budget = max(2.0, min(10.0, 0.3 * time_limit_s))
+        branched = _branched_lp(md, patterns, budget)
+        if branched is not None and math.isfinite(branched):
+            lp_ticks = max(lp_ticks, math.ceil(branched - 1e-6 * max(1.0, abs(branched))))
+        elif branched is not None:  # every pattern is LP-infeasible: so is the MIP
+            return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
     if lp_ticks is not None:
         md.add(tp + x + o >= lp_ticks, "lp_bound")
     hinted = False
@@ -280,7 +294,9 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     left = max(0.5, time_limit_s - (time.perf_counter() - t0))  # building, the greedy and the LP took their share
     res = solve_model(md, backend, SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap))
     info = {"rows": st.rows, "columns": st.columns, "integers": st.integer_columns, "tick_s": tick,
-            "fluid_lower_bound_s": fluid_s, "lp_bound_s": None if lp_ticks is None else lp_ticks * tick,
+            "fluid_lower_bound_s": fluid_s, "root_lp_bound_s": None if lp is None or not math.isfinite(lp) else lp * tick,
+            "branched_lp_bound_s": None if branched is None else branched * tick,
+            "lp_bound_s": None if lp_ticks is None else lp_ticks * tick,
             "solver_status": res.status.value,
             "warm_start_s": warm[0] if warm is not None else None, "hinted": hinted}
     elapsed = time.perf_counter() - t0
@@ -383,6 +399,51 @@ class _ZoneBounds:
         vals[self.single], vals[self.span] = single, span
         r = max([self.sigma * span] + [self.kappa.get(t.index, 0) * single for t, _ in pipes])
         return vals, span, r
+
+
+#: zone binaries enumerated by the branched bound (2^Z patterns)
+MAX_BRANCH_ZONES = 3
+
+
+def _patterns(zs: _ZoneBounds, y: dict[int, Any]) -> list[dict[Any, int]]:
+    """Fixings that cover every integer point of the level-2 model: the zone binaries' values
+    (clusters with zone-link bounds and at most :data:`MAX_BRANCH_ZONES` zones), else y[R] = 1 for each R."""
+    if zs.sigma > 0 and len(zs.zones) <= MAX_BRANCH_ZONES:
+        zvars = [zs.zu[z] for z in zs.zones]
+        return [dict(zip(zvars, bits)) for bits in itertools.product((0, 1), repeat=len(zvars))]
+    if len(y) > 1:
+        # y[R] = 1 through the others at 0 (row one_R): HiGHS (presolve off) has answered "Optimal"
+        # without a primal solution to the LP with y[R] fixed at 1 on a tiny instance
+        return [{o: 0 for o in y.values() if o is not var} for var in y.values()]
+    return []
+
+
+def _branched_lp(md: LinearModel, patterns: Sequence[dict[Any, int]], budget_s: float) -> float | None:
+    """Minimum over ``patterns`` of the LP relaxation with those variables fixed (+inf if every one is
+    LP-infeasible); None if there are no patterns or one LP was not solved within ``budget_s`` in all
+    (then nothing is claimed). ``md`` is left as it was."""
+    if not patterns:
+        return None
+    from dataclasses import replace
+
+    t0 = time.perf_counter()
+    best = math.inf
+    for fix in patterns:
+        left = budget_s - (time.perf_counter() - t0)
+        if left <= 0.05:
+            return None
+        saved = {var.index: md.vars[var.index] for var in fix}
+        for var, val in fix.items():
+            md.vars[var.index] = replace(md.vars[var.index], lb=float(val), ub=float(val))
+        try:
+            val = lp_relaxation_bound(md, left)
+        finally:
+            for i, old in saved.items():
+                md.vars[i] = old
+        if val is None:
+            return None
+        best = min(best, val)
+    return best
 
 
 def _nothing_better(warm: tuple[float, list[tuple[Template, int]]] | None, cutoff_s: float, pairs: int,
