@@ -138,18 +138,9 @@ def _space(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from tangram_opt.planner.space import SearchSpace
 
     kw: dict[str, Any] = {"schedule": args.schedule}
-    if args.max_stages is not None:
-        kw["max_stages"] = args.max_stages
-    if args.tp is not None:
-        kw["tp"] = args.tp
-    if args.cp is not None:
-        kw["cp"] = args.cp
-    if args.zero is not None:
-        kw["zero"] = args.zero
-    if args.recompute is not None:
-        kw["recompute"] = args.recompute
-    if args.micro_batch_sizes is not None:
-        kw["micro_batch_sizes"] = args.micro_batch_sizes
+    for name in ("max_stages", "tp", "cp", "zero", "recompute", "micro_batch_sizes"):  # flags left out keep defaults
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
     return SearchSpace(**kw)
 
 
