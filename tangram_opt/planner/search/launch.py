@@ -229,20 +229,23 @@ def _undominated(subs: Sequence[tuple[UniformConfig, int, PipelineProblem]], kin
             parts = {isl: coefficient_matrix([c], kinds, schedule=schedule)[0] for isl, c in rows.items()}
             width = width or len(next(iter(parts.values())))
             vecs.append(np.concatenate([parts.get(isl, np.full(width, np.inf)) for isl in islands]))
-        for x, i in enumerate(members):
-            if vecs[x] is None:
-                continue
-            for y, j in enumerate(members):
-                if x == y or vecs[y] is None or not alive[j]:
-                    continue
-                if subs[j][2].max_stages < subs[i][2].max_stages:
-                    continue
-                a, d = vecs[y], vecs[x]
-                if np.all(a <= d + 1e-12 * np.abs(d)):
-                    if np.all(d <= a + 1e-12 * np.abs(a)) and y > x:
-                        continue  # identical: keep the first
-                    alive[i] = False
-                    break
+        comparable = [x for x, v in enumerate(vecs) if v is not None]
+        if len(comparable) < 2:
+            continue
+        M = np.vstack([vecs[x] for x in comparable])  # one row per comparable member, in member order
+        tol = 1e-12 * np.abs(M)
+        stages = np.array([subs[members[x]][2].max_stages for x in comparable])
+        live = np.ones(len(comparable), dtype=bool)
+        for r, x in enumerate(comparable):
+            i, d = members[x], M[r]
+            # rows no worse than d everywhere, with at least as many stages, still alive, not d itself
+            dom = np.all(M <= d + 1e-12 * np.abs(d), axis=1) & (stages >= stages[r]) & live
+            dom[r] = False
+            # an identical row dominates only if it comes first (identical: keep the first)
+            same = np.all(d <= M + tol, axis=1)
+            dom &= ~(same & (np.arange(len(comparable)) > r))
+            if dom.any():
+                alive[i] = live[r] = False
     return [s for i, s in enumerate(subs) if alive[i]]
 
 
