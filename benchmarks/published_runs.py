@@ -550,6 +550,17 @@ def compare(run: PublishedRun, pred: Prediction) -> Comparison:
     return Comparison(run, pred, metric, pub, val, err)
 
 
+def table_cells(c: Comparison, p: Prediction) -> tuple[str, str, str, str, str]:
+    """The printed cells of one run: metric, published, predicted, error and predicted MFU."""
+    short = {"tokens_per_s_per_gpu": "tok/s", "mfu": "MFU", "model_tflops_per_gpu": "TFLOP/s"}[c.metric]
+    fmt = (lambda v: f"{v:.3f}") if c.metric == "mfu" else (lambda v: f"{v:,.0f}")
+    pub = fmt(c.published) if c.published is not None else "-"
+    val = fmt(c.predicted) if c.predicted is not None else "-"
+    err = f"{100 * c.error:+.0f}%" if c.error is not None else "-"
+    mfu = f"{p.mfu:.3f}" if p.mfu is not None else "-"
+    return short, pub, val, err, mfu
+
+
 def summarize(comparisons: Iterable[Comparison]) -> dict[str, dict[str, float]]:
     """Median |error| and median signed error per group (all, generation, precision, dense/MoE)."""
     groups: dict[str, list[float]] = defaultdict(list)
@@ -582,12 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         p = predict(r, time_limit_s=args.time_limit)
         c = compare(r, p)
         comps.append(c)
-        short = {"tokens_per_s_per_gpu": "tok/s", "mfu": "MFU", "model_tflops_per_gpu": "TFLOP/s"}[c.metric]
-        fmt = (lambda v: f"{v:.3f}") if c.metric == "mfu" else (lambda v: f"{v:,.0f}")
-        pub = fmt(c.published) if c.published is not None else "-"
-        val = fmt(c.predicted) if c.predicted is not None else "-"
-        err = f"{100 * c.error:+.0f}%" if c.error is not None else "-"
-        mfu = f"{p.mfu:.3f}" if p.mfu is not None else "-"
+        short, pub, val, err, mfu = table_cells(c, p)
         mem = f"{p.peak_memory_gib:.1f}" if p.peak_memory_gib is not None else "-"
         notes = "; ".join(([p.error] if p.error else []) + list(p.approximations))
         print(f"{r.id:<46} {r.num_gpus:>5} {short:<7} {pub:>10} {val:>10} {err:>7} {mfu:>6} {mem:>7} "

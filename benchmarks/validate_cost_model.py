@@ -274,7 +274,7 @@ def implied_tp_bandwidth(rows: list[Row], pred: Predictor, cal: Calibration) -> 
 
 def part2(fast: bool = False) -> list[Any]:
     """Published end-to-end runs (benchmarks/data/published_runs.yaml), planned as published."""
-    from benchmarks.published_runs import compare, load_runs, predict, summarize
+    from benchmarks.published_runs import compare, load_runs, predict, summarize, table_cells
 
     print("\n" + "=" * 100)
     print("Part 2: published end-to-end runs, planned with their published configuration (default calibration)")
@@ -286,12 +286,7 @@ def part2(fast: bool = False) -> list[Any]:
         p = predict(run, time_limit_s=5.0 if fast else 20.0)
         c = compare(run, p)
         comps.append(c)
-        short = {"tokens_per_s_per_gpu": "tok/s", "mfu": "MFU", "model_tflops_per_gpu": "TFLOP/s"}[c.metric]
-        fmt = (lambda v: f"{v:.3f}") if c.metric == "mfu" else (lambda v: f"{v:,.0f}")
-        pub = fmt(c.published) if c.published is not None else "-"
-        val = fmt(c.predicted) if c.predicted is not None else "-"
-        err = f"{100 * c.error:+.0f}%" if c.error is not None else "-"
-        mfu = f"{p.mfu:.3f}" if p.mfu is not None else "-"
+        short, pub, val, err, mfu = table_cells(c, p)
         notes = "; ".join(([p.error.split(":")[0] + " (no plan)"] if p.error else [])
                           + [a for a in p.approximations if "assumed" not in a])
         print(f"  {run.id:<46} {run.num_gpus:>5} {short:<7} {pub:>10} {val:>10} {err:>7} {mfu:>6}  {notes}")
