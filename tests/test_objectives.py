@@ -48,6 +48,9 @@ def instance():
         "throughput-budget": (dict(objective="throughput", budget_usd_per_h=budget), "throughput"),
         "min_cost-floor": (dict(objective="min_cost", min_tokens_per_s=floor), "min_cost"),
         "cost_per_token": (dict(objective="cost_per_token"), "cost_per_token"),
+        # a floor the cheap GPUs cannot carry alone: the capacity-aware priced work binds
+        "cost_per_token-high-floor": (dict(objective="cost_per_token", min_tokens_per_s=0.9 * tokens / fastest[1]),
+                                      "cost_per_token"),
         # a node budget: no on-demand A100 node, the A100 island keeps only its spot node (the
         # fastest plan takes all 9 USD/h of GPUs, so this binds)
         "throughput-nodes": (dict(objective="throughput", max_nodes={"a100-od": 0}), "throughput"),
@@ -58,7 +61,8 @@ def instance():
     return cluster, model, cases, expected, fastest, cheapest
 
 
-@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token", "throughput-nodes"])
+@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token", "cost_per_token-high-floor",
+                                  "throughput-nodes"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_objective_matches_brute_force(instance, backend, case):
     cluster, model, cases, expected, _, _ = instance
@@ -205,7 +209,7 @@ def test_cli_plans_for_a_throughput_floor_at_least_cost(tmp_path):
     assert bad.returncode == 2 and "max_nodes['h100']" in bad.stderr
 
 
-@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token"])
+@pytest.mark.parametrize("case", ["throughput-budget", "min_cost-floor", "cost_per_token", "cost_per_token-high-floor"])
 def test_the_solver_free_bound_holds_and_the_priced_work_lifts_it(instance, case):
     # the bound a sub-problem keeps when its MIP ends without one: below the brute-force optimum of
     # every case; with a step cap (floor) or a budget, the priced work lifts it above the plain
@@ -232,3 +236,84 @@ def test_the_solver_free_bound_holds_and_the_priced_work_lifts_it(instance, case
         lifted += plain is not None and bound > plain * (1 + 1e-6)
     if kind != "cost_per_token":
         assert lifted, "the priced work never lifted the bound"
+
+
+def test_the_capacity_work_charges_the_dear_gpus_a_high_floor_needs(instance):
+    # at the best throughput itself the spot A100s and the V100s cannot carry the work alone: the
+    # capacity LP prices the rest at the on-demand A100 rate, above the plain priced work (every
+    # island at its cheapest rate, unlimited GPUs), and stays below the brute-force optimum
+    from dataclasses import replace
+
+    from tangram_opt.planner.search.priced import PricedSearch, _capacity_work, _priced_work
+
+    cluster, model, _, _, fastest, _ = instance
+    ctx = PlanningContext(cluster, model, TRAINING, space=SPACE)
+    floor = TRAINING.global_batch_size * TRAINING.seq_len / fastest[1]
+    search = PricedSearch(ctx, Objective(kind="cost_per_token", min_tokens_per_s=floor),
+                          backend=BACKENDS[0], time_limit_s=1, threads=1, seed=0, rel_gap=1e-6)
+    best_usd_step = brute_force_priced(ctx, "cost_per_token", min_tokens_per_s=floor)[0] / 1e6 * search.tokens
+    lifted = 0
+    for b in ctx.pipeline_micro_batches():
+        p = replace(ctx.problem(b), island_prices=search.prices, island_gpus=dict(search.island_gpus))
+        if not p.candidates:
+            continue
+        cap = _capacity_work(p, search.max_step_s)
+        assert p.num_micro_batches * cap / 3600 <= best_usd_step * (1 + 1e-9)
+        assert cap >= _priced_work(p) * (1 - 1e-9)
+        lifted += cap > _priced_work(p) * 1.01
+        # a step cap no plan can meet leaves nothing to allocate: no plan, an infinite bound
+        assert _capacity_work(p, 1e-9) == math.inf
+    assert lifted
+
+
+def test_start_plan_is_never_beaten_by_the_result(instance):
+    # solve(start=...): the result is never worse than the plan it starts from, under any objective
+    cluster, model, cases, expected, _, _ = instance
+    fast = solve(cluster, model, TRAINING, space=SPACE, time_limit_s=30)
+    again = solve(cluster, model, TRAINING, space=SPACE, time_limit_s=0, start=fast, options=None)
+    assert again.step_time_s <= fast.step_time_s * (1 + 1e-12)
+    floor = 0.9 * fast.tokens_per_s
+    cheap = solve(cluster, model, TRAINING, space=SPACE, time_limit_s=0, objective="cost_per_token",
+                  min_tokens_per_s=floor, start=fast)
+    assert cheap.certificate.objective_value <= fast.certificate.prices["usd_per_1m_tokens"] * (1 + 1e-9)
+    assert cheap.tokens_per_s >= floor * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("field,change", [("start.model", dict(model="other")),
+                                          ("start.global_batch_size", dict(global_batch_size=8)),
+                                          ("start", dict(pipelines=()))])
+def test_a_start_plan_of_another_run_is_refused(instance, field, change):
+    from dataclasses import replace
+
+    cluster, model, _, _, _, _ = instance
+    fast = solve(cluster, model, TRAINING, space=SPACE, time_limit_s=5)
+    bad = replace(fast, **change)
+    if field == "start":  # a plan on an island this cluster does not have
+        stage = replace(fast.pipelines[0].stages[0], island="h100")
+        bad = replace(fast, pipelines=(replace(fast.pipelines[0], stages=(stage,)),))
+    with pytest.raises(SpecError) as e:
+        solve(cluster, model, TRAINING, space=SPACE, time_limit_s=1, start=bad)
+    assert e.value.field == field
+    with pytest.raises(SpecError, match="start"):
+        solve(cluster, model, TRAINING, space=SPACE, time_limit_s=1, start="plan.json")
+
+
+def test_cheapest_first_rents_the_fewest_cheap_nodes_that_meet_the_floor(instance):
+    # the baseline: nodes cheapest USD per peak FLOP/s first (V100 at 0.9/GPU-h, then the A100 spot
+    # node, then on-demand), the fewest whose greedy plan meets the floor; one node fewer misses it
+    from tangram_opt.baselines import cheapest_first
+    from tangram_opt.baselines.cheapest import fastest, greedy_on, node_order, prefix
+
+    cluster, model, _, _, fastest_plan, _ = instance
+    ctx = PlanningContext(cluster, model, TRAINING, space=SPACE)
+    order = node_order(ctx)
+    assert order[-1] == "a100-od" and "a100-spot" in order
+    tokens = TRAINING.global_batch_size * TRAINING.seq_len
+    speed = {k: tokens / fastest(greedy_on(ctx, prefix(order, k))) for k in range(1, len(order) + 1)}
+    floor = 0.99 * max(speed.values())
+    res = cheapest_first(ctx, min_tokens_per_s=floor)
+    k = sum(res.nodes.values())
+    assert res.plan.tokens_per_s >= floor and res.nodes == prefix(order, k)
+    assert all(speed[j] < floor for j in range(1, k))  # doubling + bisection found the fewest here
+    with pytest.raises(InfeasibleError, match="lower min_tokens_per_s"):
+        cheapest_first(ctx, min_tokens_per_s=2 * max(speed.values()))

@@ -3,7 +3,7 @@
 Templates come from every candidate that holds the whole model on one stage (one_stage_templates,
 templates.py), from the single-pipeline optimum, and from the single-pipeline search run on
 scaled-down sub-clusters (every island's node count divided by k) and on each island alone. The
-sub-cluster searches reuse the full cluster's candidate table (:class:`_SubProvider`); the search
+sub-cluster searches reuse the full cluster's candidate table (:class:`SubProvider`); the search
 itself is passed in (``solver``), so this package never imports the search that calls it.
 """
 
@@ -30,7 +30,7 @@ from tangram_opt.specs.cluster import Cluster
 SinglePipelineSolver = Callable[..., Plan]
 
 
-class _SubProvider:
+class SubProvider:
     """Candidates of a sub-cluster: the full cluster's table, renumbered and cut to the sub-island size."""
 
     def __init__(self, ctx: PlanningContext):
@@ -68,7 +68,7 @@ def _nearest_divisor(n: int, target: float) -> int:
     return min(divs, key=lambda d: (abs(math.log(d / max(target, 1e-9))), d))
 
 
-def _choices_of(ctx: PlanningContext, pipe: PipelinePlan, cluster: Cluster | None = None) -> list[StageChoice] | None:
+def choices_of(ctx: PlanningContext, pipe: PipelinePlan, cluster: Cluster | None = None) -> list[StageChoice] | None:
     """Stage choices (indices into ``ctx.candidates(b)``) of a pipeline planned on ``cluster`` (default: the
     context's; a sub-cluster's islands are matched by node shape and zone) via each stage's configuration."""
     b = pipe.pipeline_micro_batch
@@ -134,7 +134,7 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
     seen: set[tuple] = set()
 
     def add(origin: str, pipe: PipelinePlan, cluster: Cluster | None = None) -> None:
-        ch = _choices_of(ctx, pipe, cluster)
+        ch = choices_of(ctx, pipe, cluster)
         if ch is None:
             log.append(f"{origin}: plan does not map onto the candidate table; skipped")
             return
@@ -164,7 +164,7 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
         training = replace(ctx.training, global_batch_size=batch)
         try:
             plan = solver(sub, ctx.model, training, time_limit_s=limit, backend=backend, threads=threads, seed=seed,
-                          rel_gap=max(rel_gap, 1e-3), space=space, provider=_SubProvider(ctx),
+                          rel_gap=max(rel_gap, 1e-3), space=space, provider=SubProvider(ctx),
                           calibration=ctx.calibration, profiles=ctx.profiles,
                           moe_load_imbalance=ctx.moe_load_imbalance)
         except TangramError as e:
@@ -178,4 +178,4 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
     return out
 
 
-__all__ = ["SinglePipelineSolver", "generate_templates", "sub_cluster"]
+__all__ = ["SinglePipelineSolver", "SubProvider", "choices_of", "generate_templates", "sub_cluster"]

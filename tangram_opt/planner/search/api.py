@@ -22,9 +22,10 @@ from tangram_opt.cost import (Calibration, LayerProfile, ProfileSet, check_profi
 from tangram_opt.errors import SpecError
 from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.islands import find_islands
 from tangram_opt.planner.multi_pipeline import with_multi_pipeline
 from tangram_opt.planner.multi_pipeline.options import MultiPipelineOptions
-from tangram_opt.planner.plan import Plan
+from tangram_opt.planner.plan import CertificateStatus, Plan
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.branch_and_bound import BranchAndBound
 from tangram_opt.planner.search.nodes import SearchEvent
@@ -32,7 +33,7 @@ from tangram_opt.planner.search.objective import Objective, objective_input
 from tangram_opt.planner.search.options import SearchOptions
 from tangram_opt.planner.search.priced import PricedSearch, plan_prices
 from tangram_opt.planner.space import SearchSpace
-from tangram_opt.solvers import DEFAULT_BACKEND, get_backend
+from tangram_opt.solvers import DEFAULT_BACKEND, get_backend, relative_gap
 from tangram_opt.specs import load_cluster, load_model, load_training, training_from_dict
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
@@ -55,7 +56,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
           provider: CandidateProvider | None = None, options: SearchOptions | None = None,
           launch: str | None = None, objective: Objective | str | None = None,
           budget_usd_per_h: float | None = None, min_tokens_per_s: float | None = None,
-          max_nodes: dict[str, int] | None = None, **legacy_knobs: Any) -> Plan:
+          max_nodes: dict[str, int] | None = None, start: Plan | None = None, **legacy_knobs: Any) -> Plan:
     """Plan ``model`` on ``cluster`` and certify how close the plan is to the best one in the model.
 
     Returns the best plan found with a :class:`~tangram_opt.planner.plan.Certificate` (incumbent,
@@ -101,7 +102,12 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       pipeline_mip.md §4b): single pipelines, one priced positional MIP per pipeline micro-batch
       size, the certificate on that objective; ``launch=`` and explicit windows, knapsack or
       sequence leaves are refused there. Limits no plan meets raise :class:`InfeasibleError` with
-      the figure that misses (the cheapest plan's USD/h, the fastest plan's tokens/s).
+      the figure that misses (the cheapest plan's USD/h, the fastest plan's tokens/s);
+    - ``start``: a plan of this cluster, model and training run (an earlier ``solve``'s, or a plan
+      file's) to start from. The search returns it when it finds nothing better (under the
+      objective and limits), so the result is never worse than ``start``. A dollar objective's
+      search offers a single-pipeline ``start`` as its first incumbent, and counts a multi-pipeline
+      one into its certificate's bound. Not used with ``launch=``.
     """
     t0 = time.perf_counter()
     options = _options(options, legacy_knobs)
@@ -113,6 +119,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
     goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s, max_nodes)
+    check_start(start, cluster, model, training, launch)
     if not goal.is_default:
         if launch is not None:
             raise SpecError("launch", launch, f"cannot be combined with a non-default objective ({goal.describe()}): "
@@ -121,7 +128,7 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
         return _solve_priced(cluster, model, training, goal, options=options, space=space, calibration=calibration,
                              profiles=profiles, provider=provider, moe_load_imbalance=moe_load_imbalance,
                              expert_loads=expert_loads, backend=backend, time_limit_s=time_limit_s, threads=threads,
-                             seed=seed, rel_gap=rel_gap, on_progress=on_progress, t0=t0)
+                             seed=seed, rel_gap=rel_gap, on_progress=on_progress, t0=t0, start=start)
     if launch is not None:
         return _solve_launch(cluster, model, training, launch=launch, options=options, space=space,
                              calibration=calibration, profiles=profiles, provider=provider,
@@ -146,14 +153,54 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
         plan = with_multi_pipeline(ctx, plan, solver=solve_single_pipeline, backend=backend, time_limit_s=time_limit_s,
                                    t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
                                    options=knobs.multi_pipeline_options)
+    if start is not None and start.step_time_s < plan.step_time_s:
+        plan = _start_instead(plan, start, rel_gap)
     return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
+
+
+def check_start(start: Any, cluster: Cluster, model: ModelSpec, training: TrainingSpec, launch: str | None) -> None:
+    """``solve``'s ``start``: a :class:`Plan` of this cluster, model and training run (SpecError
+    naming ``start`` otherwise)."""
+    if start is None:
+        return
+    if not isinstance(start, Plan):
+        raise SpecError("start", type(start).__name__, "is not a Plan",
+                        "pass a plan from solve(...) or tangram_opt.Plan.load(path)")
+    if launch is not None:
+        raise SpecError("start", start.cluster, "is not used by launch targets (launch=)", "drop start= or launch=")
+    islands = {isl.name: isl.num_gpus for isl in find_islands(cluster)}
+    for name, n in start.gpus_by_island().items():
+        if n > islands.get(name, 0):
+            raise SpecError("start", start.cluster, f"uses {n} GPUs of island {name!r}, which cluster {cluster.name!r} "
+                            + (f"has {islands[name]} of" if name in islands else "does not have"),
+                            "start from a plan of this cluster")
+    for field_, mine, want in (("model", start.model, model.name),
+                               ("global_batch_size", start.global_batch_size, training.global_batch_size),
+                               ("seq_len", start.seq_len, training.seq_len),
+                               ("precision", start.precision, training.precision)):
+        if mine != want:
+            raise SpecError(f"start.{field_}", mine, f"differs from this solve's {want!r}",
+                            "start from a plan of the same model and training run")
+
+
+def _start_instead(plan: Plan, start: Plan, rel_gap: float) -> Plan:
+    """``start`` with ``plan``'s certificate (its bound covers the space ``start`` lies in),
+    re-stated for ``start``'s step time."""
+    cert = plan.certificate
+    if cert is None or cert.bound_s is None:
+        return start
+    gap = relative_gap(start.step_time_s, cert.bound_s)
+    status = CertificateStatus.OPTIMAL if gap <= rel_gap else CertificateStatus.FEASIBLE
+    notes = cert.notes + ("the plan is the start plan (solve(start=...)): nothing the search found beats it",)
+    return replace(start, certificate=replace(cert, objective_s=start.step_time_s, gap=gap, status=status,
+                                              notes=notes))
 
 
 def _solve_priced(cluster: Cluster, model: ModelSpec, training: TrainingSpec, goal: Objective, *,
                   options: SearchOptions, space: SearchSpace, calibration: Calibration | None,
                   profiles: ProfileSet | None, provider: CandidateProvider | None, moe_load_imbalance: Any,
                   expert_loads: Any, backend: str, time_limit_s: float, threads: int, seed: int, rel_gap: float,
-                  on_progress: Callable[[SearchEvent], None] | None, t0: float) -> Plan:
+                  on_progress: Callable[[SearchEvent], None] | None, t0: float, start: Plan | None = None) -> Plan:
     """``solve`` under a non-default objective or limits (priced.py): single pipelines, one priced
     positional MIP per pipeline micro-batch size. Search features whose bounds are step-time
     bounds are refused when asked for explicitly."""
@@ -173,7 +220,8 @@ def _solve_priced(cluster: Cluster, model: ModelSpec, training: TrainingSpec, go
                           moe_load_imbalance=moe_load_imbalance, profiles=profiles)
     plan = PricedSearch(ctx, goal, backend=backend, time_limit_s=time_limit_s, threads=threads, seed=seed,
                         rel_gap=rel_gap, fluid_cuts=options.fluid_cuts, warm_start=options.warm_start,
-                        on_progress=on_progress, t0=t0).run()
+                        on_progress=on_progress, t0=t0, solver=solve_single_pipeline).run(
+                            start=[start] if start is not None else [])
     return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx, goal.max_nodes)
 
 

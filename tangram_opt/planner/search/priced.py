@@ -22,7 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tangram_opt import units as u
+from tangram_opt.baselines.cheapest import Pipelines, first_meeting, greedy_on, node_order, plan_on, prefix
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
+from tangram_opt.planner.multi_pipeline.generation import choices_of
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.context import PlanningContext
@@ -37,6 +39,9 @@ from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objectiv
 from tangram_opt.solvers import SolveOptions, SolveStatus, relative_gap, solve_model
 from tangram_opt.specs.pricing import fill_cheapest, price_steps
 
+#: shares of the time limit for the node-selection warm start: greedy pipelines on cheapest-first
+#: node selections, then the single-pipeline search on the best of them (:meth:`PricedSearch.select`)
+SELECTION_GREEDY_SHARE, SELECTION_SEARCH_SHARE = 0.1, 0.4
 #: ticks per step for the cost-per-token model: its objective multiplies prices by the step time,
 #: and ~1e5 ticks keep those products (~1e10) easy for LP-based solvers (rounding ~1e-5, in the
 #: bound's favour)
@@ -120,6 +125,60 @@ def _priced_work(p: PipelineProblem) -> float:
     return work if math.isfinite(work) else 0.0
 
 
+def _capacity_work(p: PipelineProblem, max_step_s: float) -> float:
+    """:func:`_priced_work` with each island's GPUs as a capacity (USD/h x s per micro-batch): every
+    plan whose step is at most ``max_step_s`` has USD/h x step >= m x this (infinity: none exists).
+
+    The LP: ``y[i,j,k]`` layers of kind k (and ``e``, ``h``: the embedding and the head, once each)
+    done on island i's price step j (``island_prices``: n GPUs at a price, cheapest first), each at
+    the island's fewest GPU-seconds per micro-batch ``w[i,k]``; all layers placed; the GPU-seconds a
+    step puts on a price step at most its GPUs x ``max_step_s`` / m (each stage is busy m x its
+    forward + backward within the step, on its own GPUs); minimize the priced GPU-seconds. A plan
+    is such an allocation at its true stage times and pays at least this for its GPUs (its island
+    GPUs are priced cheapest step first), so the LP optimum bounds it. Where the cheapest GPUs
+    cannot carry the floor alone, this charges the dearer ones the rest: the plain priced work
+    prices everything at each island's cheapest rate with unlimited GPUs."""
+    from tangram_opt.solvers import lp_relaxation_bound
+    from tangram_opt.solvers.model import LinearModel, lsum
+
+    m = p.num_micro_batches
+    cands = [c for c in p.candidates if c.gpus <= p.island_gpus[c.island]]
+    if not cands or not p.island_prices:
+        return 0.0
+
+    def best(island: int, part) -> float:  # type: ignore[no-untyped-def]
+        return min((c.gpus * (part(c).fwd_time_s + part(c).bwd_time_s) for c in cands if c.island == island
+                    and part(c) is not None), default=math.inf)
+
+    parts = {k: (lambda c, k=k: c.layer.get(k)) for k, n in p.layers.items() if n}
+    parts["embedding"], parts["head"] = (lambda c: c.embedding), (lambda c: c.head)
+    need = {k: float(n) for k, n in p.layers.items() if n} | {"embedding": 1.0, "head": 1.0}
+    md = LinearModel("capacity_work")
+    placed: dict[str, list] = {k: [] for k in parts}
+    cost, cap_rows = [], []
+    for i, steps in p.island_prices.items():
+        w = {k: best(i, part) for k, part in parts.items()}
+        for j, (n_gpus, price) in enumerate(steps):
+            load = []
+            for k, wk in w.items():
+                if math.isfinite(wk):
+                    y = md.add_var(f"y[{i},{j},{k}]", 0, need[k])
+                    placed[k].append(y)
+                    load.append(wk * y)
+                    cost.append(price * wk * y)
+            if load:
+                cap_rows.append((lsum(load), n_gpus * max_step_s / m))
+    for k, ys in placed.items():
+        if not ys:
+            return math.inf
+        md.add(lsum(ys) == need[k], f"place[{k}]")
+    for r, (load, cap) in enumerate(cap_rows):
+        md.add(load <= cap, f"capacity[{r}]")
+    md.minimize(lsum(cost))
+    value = lp_relaxation_bound(md, time_limit_s=5.0)
+    return 0.0 if value is None else value
+
+
 @dataclass(slots=True)
 class _Sub:
     problem: PipelineProblem
@@ -127,6 +186,7 @@ class _Sub:
     bound: float = -math.inf
     objective: float | None = None
     solve_time_s: float = 0.0
+    capacity_work: float | None = None  # _capacity_work at the step cap, once computed
 
 
 class PricedSearch:
@@ -134,11 +194,13 @@ class PricedSearch:
 
     def __init__(self, ctx: PlanningContext, objective: Objective, *, backend: str, time_limit_s: float,
                  threads: int, seed: int, rel_gap: float, fluid_cuts: bool = True, warm_start: bool = True,
-                 on_progress: Callable[[SearchEvent], None] | None = None, t0: float | None = None):
+                 on_progress: Callable[[SearchEvent], None] | None = None, t0: float | None = None,
+                 solver: Callable[..., Plan] | None = None):
         self.ctx, self.obj = ctx, objective
         self.backend, self.time_limit_s, self.threads, self.seed, self.rel_gap = (backend, time_limit_s, threads,
                                                                                  seed, rel_gap)
         self.fluid_cuts, self.warm_start, self.on_progress = fluid_cuts, warm_start, on_progress
+        self.solver = solver  # the single-pipeline search, for the node-selection warm start
         self.t0 = time.perf_counter() if t0 is None else t0
         self.tokens = ctx.training.global_batch_size * ctx.training.seq_len
         self.max_step_s = self.tokens / objective.min_tokens_per_s if objective.min_tokens_per_s else None
@@ -148,6 +210,7 @@ class PricedSearch:
         self.form_objective = FORMULATION_OBJECTIVE[objective.kind]
         self.subs: dict[int, _Sub] = {}
         self.inc: tuple[int, list[StageChoice]] | None = None
+        self.inc_plan: Plan | None = None  # a start plan of several pipelines, when it is the incumbent
         self.inc_value = math.inf
         self.inc_step_s = math.inf
         self.events: list[SearchEvent] = []
@@ -181,7 +244,32 @@ class PricedSearch:
         if sub.objective is None or v < sub.objective:
             sub.objective = v
         if v < self.inc_value or (v == self.inc_value and step < self.inc_step_s):
-            self.inc_value, self.inc_step_s, self.inc = v, step, (b, list(choices))
+            self.inc_value, self.inc_step_s, self.inc, self.inc_plan = v, step, (b, list(choices)), None
+        return True
+
+    def offer_plan(self, plan: Plan) -> bool:
+        """A plan given to start from (``solve(start=...)``): a single pipeline whose stages are in
+        the candidate table is offered as stage choices; any other plan is scored whole (its exact
+        step time and prices) and kept as the incumbent if it is the best, so the certificate's
+        bound covers the single-pipeline space and that plan."""
+        if len(plan.pipelines) == 1:
+            pipe = plan.pipelines[0]
+            ch = choices_of(self.ctx, pipe)
+            if ch is not None and pipe.pipeline_micro_batch in self.subs:
+                return self.offer(pipe.pipeline_micro_batch, ch)
+        names = {isl.name: isl.index for isl in self.ctx.islands}
+        used = plan.gpus_by_island()
+        if any(name not in names or n > self.island_gpus[names[name]] for name, n in used.items()):
+            return False
+        usd_h = plan_prices(plan, self.ctx, self.obj.max_nodes)["usd_per_hour"] if self.prices else 0.0
+        step = plan.step_time_s
+        if (self.max_step_s is not None and step > self.max_step_s * (1 + 1e-12)) or (
+                self.obj.budget_usd_per_h is not None and usd_h > self.obj.budget_usd_per_h * (1 + 1e-12)):
+            return False
+        kind = self.obj.kind
+        v = step if kind == "throughput" else usd_h if kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
+        if v < self.inc_value:
+            self.inc_value, self.inc_step_s, self.inc, self.inc_plan = v, step, None, plan
         return True
 
     def target(self) -> float:
@@ -267,11 +355,15 @@ class PricedSearch:
 
     def trivial_bound(self, sub: _Sub) -> float:
         """A bound without a solver: the quick step-time bound; the cheapest stage's USD/h (every
-        plan has one); their product per token; and the priced work (:func:`_priced_work`) over the
-        budget, the step cap or per token."""
+        plan has one); their product per token; and the priced work (:func:`_priced_work`, and
+        under a step cap :func:`_capacity_work`) over the budget, the step cap or per token."""
         p = sub.problem
         step = quick_lower_bound(p)
         work = p.num_micro_batches * _priced_work(p)  # <= USD/h x step of every plan (USD/h x s)
+        if self.max_step_s is not None and self.prices:
+            if sub.capacity_work is None:
+                sub.capacity_work = _capacity_work(p, self.max_step_s)
+            work = max(work, p.num_micro_batches * sub.capacity_work)
         if self.obj.kind == "throughput":
             budget = self.obj.budget_usd_per_h
             return max(step, work / budget) if budget else step
@@ -281,7 +373,8 @@ class PricedSearch:
         return max(usd_h * step, work) / u.HOUR / self.tokens * 1e6
 
     # --- the search ------------------------------------------------------------------------
-    def run(self) -> Plan:
+    def run(self, start: Sequence[Plan] = ()) -> Plan:
+        """The search; ``start``: plans to start from (:meth:`offer_plan`)."""
         ctx = self.ctx
         for b in ctx.pipeline_micro_batches():
             self.subs[b] = _Sub(problem=replace(ctx.problem(b), island_prices=self.prices,
@@ -292,9 +385,13 @@ class PricedSearch:
                 s.status, s.bound = "no candidate fits", math.inf
         if not live:
             raise diagnose_infeasible(ctx)
+        for plan in start:
+            self.offer_plan(plan)
         if self.warm_start:
             for b, (_, ch) in greedy_by_micro_batch(ctx, thorough=True).items():
                 self.offer(b, ch)
+            if self.prices:
+                self.select()
         self.emit("start")
         for k, b in enumerate(sorted(live, key=lambda b: quick_lower_bound(self.subs[b].problem))):
             left = self.time_limit_s - self.elapsed()
@@ -316,9 +413,70 @@ class PricedSearch:
             self.subs[b].bound = max(before, self.subs[b].bound)  # both are valid bounds
         return self.finish()
 
+    # --- the node-selection warm start ------------------------------------------------------
+    def offer_all(self, pipes: Pipelines) -> float:
+        """Offer every pipeline; the best value among those that meet the limits."""
+        best = math.inf
+        for b, (_, ch) in pipes.items():
+            if b in self.subs and self.offer(b, ch):
+                best = min(best, self.value(self.subs[b].problem, ch)[0])
+        return best
+
+    def select(self) -> None:
+        """Plans on node selections (tangram_opt/baselines/cheapest.py): the first k nodes,
+        cheapest USD per peak FLOP/s first. Greedy pipelines on prefixes of 1, 2, 4, ... nodes,
+        at each node group's end and, under a throughput floor, on the prefixes a bisection for
+        the fewest nodes meeting it visits; then the single-pipeline search (``solver``) on the
+        best prefixes and, under a floor, a bisection below the best one with that search. Each
+        plan is offered as an incumbent (re-scored exactly); none of this bounds anything."""
+        order = node_order(self.ctx, self.obj.max_nodes)
+        n, limit = len(order), self.time_limit_s
+        greedy_until = self.elapsed() + SELECTION_GREEDY_SHARE * limit
+        value: dict[int, float] = {}
+
+        def greedy_value(k: int) -> float:
+            if k not in value:
+                value[k] = self.offer_all(greedy_on(self.ctx, prefix(order, k), thorough=True)) \
+                    if self.elapsed() < greedy_until else math.inf
+            return value[k]
+
+        ks = sorted({min(2 ** j, n) for j in range(n.bit_length() + 1)}
+                    | {sum(1 for g in order[:i + 1]) for i in range(n) if i + 1 == n or order[i + 1] != order[i]})
+        for k in ks:
+            greedy_value(k)
+        if self.max_step_s is not None:
+            first_meeting(n, lambda k: math.isfinite(greedy_value(k)))
+        self.emit(f"node selections: greedy plans on {len(value)} prefixes")
+        if self.solver is None:
+            return
+        search_until = self.elapsed() + SELECTION_SEARCH_SHARE * limit
+
+        def searched(k: int, share: float) -> float:
+            left = search_until - self.elapsed()
+            if left < 0.5:
+                return math.inf
+            pipes = plan_on(self.ctx, prefix(order, k), self.solver, time_limit_s=max(0.5, left * share),
+                            backend=self.backend, threads=self.threads, seed=self.seed, rel_gap=max(self.rel_gap, 1e-3))
+            return self.offer_all(pipes)
+
+        # the best two prefixes, or every node when no greedy plan meets the limits (a floor the
+        # greedy pipelines miss may still be met by the search's)
+        ranked = [k for k in sorted(value, key=value.get) if math.isfinite(value[k])][:2] or [n]
+        found = [math.isfinite(searched(k, 0.5 if i == 0 else 1.0 / 3)) for i, k in enumerate(ranked)]
+        if self.max_step_s is not None and found[0]:
+            # the search's plans run faster than the greedy's: fewer nodes may meet the floor
+            lo, hi = 0, ranked[0]
+            while hi - lo > 1 and search_until - self.elapsed() > 0.5:
+                mid = (lo + hi) // 2
+                if math.isfinite(searched(mid, 0.5)):
+                    hi = mid
+                else:
+                    lo = mid
+        self.emit("node selections: searched")
+
     def finish(self) -> Plan:
         ctx = self.ctx
-        if self.inc is None:
+        if self.inc is None and self.inc_plan is None:
             if self.rejected:
                 raise NoSolutionError(f"no plan found ({self.obj.describe()}): the {self.rejected} plan(s) the MIPs "
                                       "found break a limit in the exact closed form (the model relaxes the step "
@@ -331,8 +489,6 @@ class PricedSearch:
         gap = relative_gap(self.inc_value, bound) if math.isfinite(bound) else None
         status = CertificateStatus.OPTIMAL if gap is not None and gap <= max(self.rel_gap, 1e-6) * (1 + 1e-9) \
             else CertificateStatus.FEASIBLE
-        b, choices = self.inc
-        pipe = pipeline_plan(ctx, self.subs[b].problem, choices)
         self.emit("done")
         space = ctx.space.describe() + f"; at most {ctx.max_stages} stages; single pipelines"
         rows = tuple({"pipeline_micro_batch": s.problem.pipeline_micro_batch,
@@ -344,6 +500,9 @@ class PricedSearch:
                  "formulation: positional, one priced MIP per pipeline micro-batch size "
                  "(formulations/pipeline_mip.md §4b)",
                  "the multi-pipeline level does not run under a non-default objective"]
+        if self.inc_plan is not None:
+            notes.append(f"the plan is the start plan ({len(self.inc_plan.pipelines)} pipelines): nothing the "
+                         "search found beats it; the bound covers single pipelines and that plan")
         if self.rejected:
             notes.append(f"{self.rejected} MIP solution(s) broke a limit in the exact closed form and were dropped")
         if self.obj.kind == "cost_per_token" and status != CertificateStatus.OPTIMAL and self.backend != "cp-sat":
@@ -356,7 +515,11 @@ class PricedSearch:
             notes=tuple(notes), objective=self.obj.kind, objective_value=self.inc_value,
             objective_bound=bound if math.isfinite(bound) else None, objective_unit=self.obj.unit,
             limits=self.obj.limits())
-        return make_plan(ctx, [pipe], method="mip", certificate=cert)
+        if self.inc is None:
+            assert self.inc_plan is not None
+            return replace(self.inc_plan, certificate=cert)
+        b, choices = self.inc
+        return make_plan(ctx, [pipeline_plan(ctx, self.subs[b].problem, choices)], method="mip", certificate=cert)
 
     def limits_diagnosis(self) -> str:
         """Why no plan meets the limits, with the number that misses (a short search without it)."""
