@@ -205,7 +205,7 @@ def page(rows: list[dict], skipped: list[tuple[str, str]], *, quick: bool, floor
     return "\n".join(out) + "\n"
 
 
-DEFAULT_FLOORS = [0.5, 0.9]
+DEFAULT_FLOORS = [0.5, 0.75, 0.9]
 
 
 def _floors(text: str) -> list[float]:
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the quick scenarios and their quick time limits")
     ap.add_argument("--only", nargs="*", help="scenario names")
     ap.add_argument("--floors", type=_floors, default=DEFAULT_FLOORS, metavar="S,S",
-                    help="throughput floors as shares of the all-GPU plan's tokens/s (default 0.5,0.9)")
+                    help="throughput floors as shares of the all-GPU plan's tokens/s (default 0.5,0.75,0.9)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=float, default=None, metavar="S", help="cap every solve's time limit at S s")
     ap.add_argument("--no-page", action="store_true", help=f"do not write {PAGE.relative_to(ROOT)}")
