@@ -148,13 +148,19 @@ class CostModel:
     - ``dropout``: ``None`` (default) follows the model: attention dropout where
       ``model.attention_dropout > 0``, residual-path (hidden) dropout where ``model.hidden_dropout > 0``
       (most current LLMs, e.g. Llama, train with neither); ``True`` / ``False`` force both on or off
-      (Korthikanti's formulas assume both).
+      (Korthikanti's formulas assume both);
+    - ``framework``: what "selective" recomputation, the loss and ZeRO-3 mean (``memory.FRAMEWORKS``):
+      "megatron" (default: Korthikanti's selective recomputation, fused vocab-parallel cross-entropy)
+      or "torchtitan" (per-op selective activation checkpointing, eager fp32 cross-entropy, FSDP2
+      keeping its root unit (embedding, head) and the last block gathered from forward to backward
+      and prefetching the next block's weights); docs/cost_model.md §2.
     """
 
     def __init__(self, model: ModelSpec, training: TrainingSpec, *, calibration: Calibration | None = None,
                  moe_load_imbalance: float | Callable[[int, int], float] = 1.0,
                  profiles: ProfileSet | LayerProfile | Iterable[LayerProfile] | None = None,
-                 attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool | None = None):
+                 attention_kernel: str = "auto", fp32_matmul: str = "ieee", dropout: bool | None = None,
+                 framework: str = "megatron"):
         if not callable(moe_load_imbalance):
             _check_imbalance(moe_load_imbalance)
         if attention_kernel != "auto" and attention_kernel not in ATTENTION_KERNELS:
@@ -162,6 +168,10 @@ class CostModel:
                             f"use auto or one of {', '.join(ATTENTION_KERNELS)}")
         if fp32_matmul not in FP32_MATMUL_MODES:
             raise SpecError("fp32_matmul", fp32_matmul, "is not a mode", f"use one of {', '.join(FP32_MATMUL_MODES)}")
+        if framework not in memory.FRAMEWORKS:
+            raise SpecError("framework", framework, "is not a modelled framework",
+                            f"use one of {', '.join(memory.FRAMEWORKS)}")
+        self.framework = framework
         self.model = model
         self.training = training
         self.calibration = calibration or Calibration()
@@ -442,6 +452,11 @@ class CostModel:
         # recomputes its scores inside its own backward kernel)
         if cfg.recompute == "full":
             recompute = fwd_c + tp_fwd + cp_fwd + ep_pass
+        elif cfg.recompute == "selective" and self._sac_op(kind):
+            # per-op SAC: the block's forward minus the saved matmuls and attention, with the
+            # sequence-parallel all-gathers before them (half the TP traffic of a forward pass)
+            recompute = self._sac_recompute_s(node, cfg, kind) * (fwd_c / fwd_all_s if fwd_all_s > 0 else 1.0)
+            recompute += tp_fwd / 2 if sh.sp else 0.0
         elif cfg.recompute == "selective":
             recompute = attn_fwd_s if self.kernel_for(node.gpu) != "flash" else 0.0
         else:
@@ -461,15 +476,20 @@ class CostModel:
                                            elt_bytes=sh.elt_bytes, flash=self.kernel_for(node.gpu) == "flash",
                                            attention_dropout=self.attention_dropout,
                                            hidden_dropout=self.hidden_dropout)
-        act = self._memo(("act", kind, act_shape, cfg.recompute, expert_tokens), lambda: memory.activation_bytes(
-            m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens))
+        if cfg.recompute == "selective" and self._sac_op(kind):
+            act = memory.sac_op_activation_bytes(m, act_shape)
+        else:
+            act = self._memo(("act", kind, act_shape, cfg.recompute, expert_tokens), lambda: memory.activation_bytes(
+                m, kind, act_shape, cfg.recompute, expert_tokens=expert_tokens))
         # Backward working set of one layer: the activations the backward materializes (recomputed
         # ones, or the activation gradients, which are the same size), counted the same for every
         # recomputation mode; plus ZeRO-3's gathered copy of this layer's weights.
         work = self._memo(("act", kind, act_shape, "none", expert_tokens), lambda: memory.activation_bytes(
             m, kind, act_shape, "none", expert_tokens=expert_tokens))
         if cfg.zero >= 3 and dense_dp > 1:
-            work += (dense_local + (expert_local if expert_dp > 1 else 0.0)) * t.weight_bytes
+            # FSDP2 prefetches the next block's weights while this one runs (torchtitan): two gathered
+            gathered = 2 if self.framework == "torchtitan" else 1
+            work += gathered * (dense_local + (expert_local if expert_dp > 1 else 0.0)) * t.weight_bytes
         opt = self._optimizer_time(node, cfg, dense_local, expert_local, dense_dp, expert_dp)
         # useful (balanced) work: the imbalance slows the time but adds no model FLOPs
         model_flops = flops.layer_model_flops(m, kind, sh.tokens, sh.seq_kv) / cfg.tp
@@ -501,6 +521,32 @@ class CostModel:
         core = [op for op in fwd_ops if op.name.startswith("attn.")]
         core_bwd = [op for op in bwd_ops if op.name.startswith("attn.")]
         return rates.time_s(fwd_ops), rates.time_s(bwd_ops), rates.time_s(core), rates.time_s(core_bwd)
+
+    def _sac_op(self, kind: str) -> bool:
+        """Whether "selective" means torchtitan's per-op SAC for this block kind."""
+        return self.framework == "torchtitan" and memory.sac_op_supported(self.model, kind)
+
+    def _sac_recompute_s(self, node: NodeSpec, cfg: StageConfig, kind: LayerKind) -> float:
+        """Computed seconds the backward spends re-running the forward under per-op SAC: every
+        memory-bound kernel of the block and the recomputed share of each GEMM
+        (:func:`memory.sac_op_recompute_shares`); the attention kernel's output is saved."""
+        sh = self._shape(cfg)
+
+        def make() -> float:
+            fwd_ops, _ = flops.block_ops(self.model, kind, sh, kernel=self.kernel_for(node.gpu),
+                                         attention_dropout=self.attention_dropout,
+                                         hidden_dropout=self.hidden_dropout,
+                                         fp8=self.training.precision == "fp8")
+            shares = memory.sac_op_recompute_shares(self.model, cfg.tp)
+            rates = self._rates(node)
+            total = 0.0
+            for op in fwd_ops:
+                if op.name.startswith("attn."):
+                    continue
+                share = shares.get(op.name, 0.0) if op.unit in ("gemm", "gemm_fp8") else 1.0
+                total += share * rates.time_s([op])
+            return total
+        return self._memo(("sac_recompute", node, kind, sh), make)
 
     def _grad_sync(self, node: NodeSpec, cfg: StageConfig, dense_local: float, expert_local: float, dense_dp: int,
                    expert_dp: int) -> tuple[float, float]:
@@ -597,6 +643,7 @@ class CostModel:
         else:
             exposed = grad_sync + param_gather
         opt = self._optimizer_time(node, cfg, local, 0.0, dense_dp, 1)
+        reserved_extra = 0.0
         if which == "embedding":
             act = 8.0 * tokens + (t_sp * m.hidden_size * memory.MASK_BYTES if self.hidden_dropout else 0.0)
             transient = tokens * m.hidden_size * e  # gathered / reduced output buffer
@@ -604,22 +651,33 @@ class CostModel:
             mf = 6.0 * tokens * emb * m.hidden_size / cfg.tp if emb != m.hidden_size else 0.0
         else:
             act = 2.0 * e * t_sp * m.hidden_size  # final-norm input and LM-head input (sharded with SP)
-            # logits in the training dtype and one fp32 buffer: Megatron's vocab-parallel cross
-            # entropy computes the softmax in place in the fp32 copy and turns it into the gradient
-            # in place in the backward (fused_vocab_parallel_cross_entropy / VocabParallelCrossEntropy)
-            transient = tokens * m.vocab_size / cfg.tp * (e + 4.0)
+            # logits and loss buffers (memory.cross_entropy_bytes): Megatron's fused vocab-parallel
+            # cross-entropy, or torchtitan's eager one on fp32-upcast logits
+            transient, reserved = memory.cross_entropy_bytes(tokens, m.vocab_size / cfg.tp, e, self.framework)
+            reserved_extra = reserved - transient
             emb = getattr(m, "embed_dim", None) or m.hidden_size
             proj = emb * m.hidden_size if emb != m.hidden_size else 0  # project_out (project_in: embedding)
             mf = 6.0 * tokens * (m.vocab_size * emb + proj) / cfg.tp
-        if cfg.zero >= 3 and dense_dp > 1:
+        weights = static.weight_bytes
+        if cfg.zero >= 3 and dense_dp > 1 and self.framework == "torchtitan":
+            # FSDP2 does not reshard the root unit (embedding, final norm, head) after its forward
+            # (it is needed again at once): its gathered weights live from the step's first forward
+            # to its last backward; torchtitan does not reshard the last block after forward either,
+            # so at the loss its weights are gathered too
+            weights += local * t.weight_bytes
+            if which == "head" and self.model.num_dense_layers:
+                dense_local_layer, _ = self._params["dense"].per_gpu(cfg.tp, 1)
+                transient += dense_local_layer * t.weight_bytes
+        elif cfg.zero >= 3 and dense_dp > 1:
             transient += local * t.weight_bytes
         return LayerCost(fwd_time_s=fwd_c + tp_fwd + z3_fwd, bwd_time_s=bwd_c + recompute + tp_bwd + z3_bwd,
-                         weight_bytes=static.weight_bytes, grad_bytes=static.grad_bytes,
+                         weight_bytes=weights, grad_bytes=static.grad_bytes,
                          optimizer_bytes=static.optimizer_bytes, activation_bytes=act, transient_bytes=transient,
                          grad_sync_time_s=exposed, optimizer_time_s=opt, model_flops=mf,
                          breakdown={"compute_fwd": fwd_c, "compute_bwd": bwd_c, "recompute": recompute,
                                     "tp_comm": tp_fwd + tp_bwd, "zero3_comm": z3_fwd + z3_bwd,
-                                    "grad_sync_total": grad_sync + param_gather, "profiled": profiled})
+                                    "grad_sync_total": grad_sync + param_gather, "profiled": profiled,
+                                    "allocator_cached_bytes": reserved_extra})
 
     def embedding(self, node: NodeSpec, cfg: StageConfig) -> LayerCost:
         """Extra cost of the first stage: token (and position) embedding, vocab-parallel."""
