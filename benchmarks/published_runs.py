@@ -30,6 +30,7 @@ Modelling choices that are not facts from the sources (used only by ``predict``)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import math
 import re
@@ -72,7 +73,7 @@ _RUN_REQUIRED = (
     "tp", "pp", "cp", "ep", "dp", "zero", "fsdp", "virtual_pipeline", "recompute", "recompute_detail",
     "precision", "precision_detail", "attention", "measured", "representable", "note", "source",
 )
-_RUN_OPTIONAL = ("gpu_note", "attention_kernel", "tp_comm_overlap")
+_RUN_OPTIONAL = ("gpu_note", "gpu_memory_gib", "attention_kernel", "tp_comm_overlap")
 _MEASURED_KEYS = ("tokens_per_s_per_gpu", "step_time_s", "mfu", "model_tflops_per_gpu", "peak_memory_gib")
 _SOURCE_KEYS = ("url", "table", "version", "accessed", "note")
 
@@ -108,6 +109,8 @@ class PublishedRun:
     framework: str
     gpu: str
     gpu_note: str | None
+    #: memory of the part the run used when it differs from the catalog's [GiB] (gpu_note says why)
+    gpu_memory_gib: float | None
     num_gpus: int
     gpus_per_node: int
     nvlink_domain_gpus: int
@@ -141,6 +144,12 @@ class PublishedRun:
     representable: bool
     note: str
     source: Source
+
+    @property
+    def cost_framework(self) -> str:
+        """What the cost model's "selective" recomputation, loss and ZeRO-3 mean for this run
+        (``CostModel(framework=...)``): torchtitan's own, else Megatron-LM's."""
+        return "torchtitan" if self.framework.lower().startswith("torchtitan") else "megatron"
 
     @property
     def generation(self) -> str:
@@ -326,7 +335,8 @@ def _parse_run(i: int, row: Any, shapes: Mapping[str, Any], src: str) -> Publish
                     note=_str(f"{w}.source.note", s["note"], allow_none=True, src=src))
     return PublishedRun(
         id=rid, framework=_str(f"{w}.framework", row["framework"], src=src), gpu=gpu,
-        gpu_note=_str(f"{w}.gpu_note", row.get("gpu_note"), allow_none=True, src=src), num_gpus=num_gpus,
+        gpu_note=_str(f"{w}.gpu_note", row.get("gpu_note"), allow_none=True, src=src),
+        gpu_memory_gib=_num(f"{w}.gpu_memory_gib", row.get("gpu_memory_gib"), src=src), num_gpus=num_gpus,
         gpus_per_node=gpn, nvlink_domain_gpus=nvl, nic_gbps_per_node=nic, model_ref=model_ref, model=model,
         model_name=_str(f"{w}.model_name", row["model_name"], src=src), model_params_published=params, seq_len=seq,
         global_batch_size=gbs, micro_batch_size=mbs, grad_accum=ga, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, zero=zero,
@@ -406,7 +416,11 @@ def build_cluster(run: PublishedRun, nic_gbps_per_node: float | None = None) -> 
     if node != run.gpus_per_node:
         notes.append(f"NVLink domain of {run.nvlink_domain_gpus} GPUs modelled as nodes of {node}")
     group = {"name": "g", "gpu": run.gpu, "nodes": run.num_gpus // node, "gpus_per_node": node, "nic_gbps": nic}
-    cluster = to.make_cluster(run.id, [group])
+    gpu_types = []
+    if run.gpu_memory_gib is not None:  # the catalog part under its own name (its calibration), the run's memory
+        gpu_types.append(dataclasses.replace(to.get_gpu_type(run.gpu), hbm_bytes=run.gpu_memory_gib * 2**30))
+        notes.append(f"{run.gpu_memory_gib:g} GiB per GPU as published (other figures the catalog's)")
+    cluster = to.make_cluster(run.id, [group], gpu_types=gpu_types)
     return cluster, notes
 
 
@@ -466,6 +480,8 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
         notes.append("TP communication overlapped with the GEMMs (as published)")
     if run.attention_kernel is not None:
         notes.append(f"attention kernel {run.attention_kernel} (as published)")
+    if run.cost_framework != "megatron" and (run.recompute == "selective" or run.zero == 3):
+        notes.append(f"{run.cost_framework} recomputation / loss / FSDP memory")
     candidates = micro_batch_candidates(run)
     t0 = time.perf_counter()
     plan, failure, space_notes = None, None, []
@@ -511,13 +527,14 @@ def predict(run: PublishedRun, *, time_limit_s: float = 20.0, nic_gbps_per_node:
 
 def _provider(run: PublishedRun, training: to.TrainingSpec, space: to.SearchSpace, kwargs: Mapping[str, Any]) -> Any:
     """Candidates priced with the run's attention kernel when it is not the GPU's default (the public
-    ``solve`` picks the kernel by GPU generation; a 2022 Megatron run had no flash attention)."""
-    if run.attention_kernel is None:
+    ``solve`` picks the kernel by GPU generation; a 2022 Megatron run had no flash attention) and with
+    its framework's meaning of selective recomputation, loss and FSDP (torchtitan rows)."""
+    if run.attention_kernel is None and run.cost_framework == "megatron":
         return None
     from tangram_opt.cost import CostModel
     from tangram_opt.planner.candidates import AnalyticalCandidates
 
-    cm = CostModel(run.model, training, attention_kernel=run.attention_kernel,
+    cm = CostModel(run.model, training, attention_kernel=run.attention_kernel or "auto", framework=run.cost_framework,
                    **{k: v for k, v in kwargs.items() if k in ("calibration", "moe_load_imbalance", "profiles")})
     return AnalyticalCandidates(run.model, cm, space)
 

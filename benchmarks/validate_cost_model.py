@@ -302,7 +302,26 @@ def part2(fast: bool = False) -> list[Any]:
               "   (every published setting is one tangram_opt states)")
     failed = [c.run.id for c in comps if c.prediction.error]
     print(f"  no plan (the model says the published configuration does not fit): {', '.join(failed) or 'none'}")
+    part2_memory(load_runs())
     return comps
+
+
+def part2_memory(runs: list[Any]) -> None:
+    """Peak memory per GPU of every row that publishes one, priced for its published configuration
+    (benchmarks/published_memory.py: no planning, so "does not fit" never hides the figure)."""
+    from benchmarks.published_memory import predict_peak_memory
+
+    rows = [predict_peak_memory(r) for r in runs if r.measured.peak_memory_gib is not None]
+    print("\n  Peak memory per GPU, published configuration priced directly (GiB; torchtitan logs the caching")
+    print("  allocator's max reserved bytes: compared with the predicted reserved peak)")
+    print(f"  {'run':<46} {'capacity':>8} {'published':>9} {'allocated':>9} {'reserved':>9} {'compared':>9} {'err':>7}")
+    for p in rows:
+        print(f"  {p.run_id:<46} {p.capacity_gib:8.1f} {p.published_gib:9.1f} {p.allocated_gib:9.1f} "
+              f"{p.reserved_gib:9.1f} {p.compared:>9} {100 * p.error:+6.1f}%")
+    if rows:
+        errs = [abs(p.error) for p in rows if p.error is not None]
+        print(f"  peak memory: n={len(errs)}  median |err| {100 * statistics.median(errs):.1f}%  "
+              f"max |err| {100 * max(errs):.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:

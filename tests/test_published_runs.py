@@ -102,6 +102,8 @@ def _write(tmp_path, data):
     (lambda row: row.update(model={"preset": "no-such-model"}), "model.preset"),
     (lambda row: row.update(recompute="sometimes"), "recompute"),
     (lambda row: row.update(model_params_published=123), "model_params_published"),
+    (lambda row: row.update(gpu_memory_gib=-96), "gpu_memory_gib"),
+    (lambda row: row.update(gpu_memory_gib="96 GB"), "gpu_memory_gib"),
 ])
 def test_bad_rows_are_rejected_with_the_field_named(tmp_path, raw, mutate, field):
     data = copy.deepcopy(raw)
