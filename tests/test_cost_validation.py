@@ -55,3 +55,5 @@ def test_benchmark_prints_tables(bench, capsys):
     assert bench.main(["--no-fit"]) == 0
     out = capsys.readouterr().out
     assert "median |err|" in out and "published end-to-end runs" in out and "GH200-96" in out
+    # every row that publishes a peak gets a predicted peak, whether or not a plan fits
+    assert "Peak memory per GPU" in out and "torchtitan-2412-llama31-8b-h100-bf16-8 " in out.split("Peak memory")[1]
