@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tangram_opt import units as u
-from tangram_opt.baselines.cheapest import Pipelines, first_meeting, greedy_on, node_order, plan_on, prefix
+from tangram_opt.baselines.cheapest import (Pipelines, cheapest_first, first_meeting, greedy_on, node_order, plan_on,
+                                            prefix)
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.planner.multi_pipeline.generation import choices_of
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
@@ -426,7 +427,7 @@ class PricedSearch:
         """Plans on node selections (tangram_opt/baselines/cheapest.py): the first k nodes,
         cheapest USD per peak FLOP/s first. Greedy pipelines on prefixes of 1, 2, 4, ... nodes,
         at each node group's end and, under a throughput floor, on the prefixes a bisection for
-        the fewest nodes meeting it visits; then the single-pipeline search (``solver``) on the
+        the fewest nodes meeting it visits, and the cheapest-first baseline's plan; then the single-pipeline search (``solver``) on the
         best prefixes and, under a floor, a bisection below the best one with that search. Each
         plan is offered as an incumbent (re-scored exactly); none of this bounds anything."""
         order = node_order(self.ctx, self.obj.max_nodes)
@@ -446,6 +447,11 @@ class PricedSearch:
             greedy_value(k)
         if self.max_step_s is not None:
             first_meeting(n, lambda k: math.isfinite(greedy_value(k)))
+            try:  # the cheapest-first baseline itself: the search starts no dearer than it
+                base = cheapest_first(self.ctx, min_tokens_per_s=self.obj.min_tokens_per_s, max_nodes=self.obj.max_nodes)
+                self.offer_plan(base.plan)
+            except InfeasibleError:
+                pass
         self.emit(f"node selections: greedy plans on {len(value)} prefixes")
         if self.solver is None:
             return
