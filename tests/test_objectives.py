@@ -317,3 +317,35 @@ def test_cheapest_first_rents_the_fewest_cheap_nodes_that_meet_the_floor(instanc
     assert all(speed[j] < floor for j in range(1, k))  # doubling + bisection found the fewest here
     with pytest.raises(InfeasibleError, match="lower min_tokens_per_s"):
         cheapest_first(ctx, min_tokens_per_s=2 * max(speed.values()))
+
+
+def egress_cluster(usd_per_gb):
+    # three V100s in one zone at 1.0, one cheaper in another; the model needs three stages: without
+    # a transfer price the cheapest plan takes the remote GPU, with one it stays in its zone
+    link = dict(zones=["east", "west"], gbps=100, latency_ms=1)
+    if usd_per_gb is not None:
+        link["egress_usd_per_gb"] = usd_per_gb
+    return make_cluster("two-zone-priced", [
+        dict(name="east", gpu="V100-16", nodes=3, gpus_per_node=1, nic_gbps=100, price_per_gpu_hour=1.0, zone="east"),
+        dict(name="west", gpu="V100-16", nodes=1, gpus_per_node=1, nic_gbps=100, price_per_gpu_hour=0.5,
+             zone="west")], [link])
+
+
+@pytest.mark.parametrize("backend", [b for b in ("highs", "cp-sat") if b in BACKENDS])
+def test_cost_per_token_charges_cross_zone_transfer(backend):
+    from tangram_opt.costing import plan_cost
+
+    model = load_model("llama-3-8b").with_layers(3)
+    zones = {}
+    for usd_per_gb in (None, 0.5):
+        cluster = egress_cluster(usd_per_gb)
+        best = brute_force_priced(PlanningContext(cluster, model, TRAINING, space=SPACE), "cost_per_token")
+        plan = solve(cluster, model, TRAINING, space=SPACE, backend=backend, time_limit_s=60, rel_gap=1e-6,
+                     objective="cost_per_token")
+        cert = plan.certificate
+        assert cert.objective_value == pytest.approx(best[0], rel=1e-5) and cert.gap <= 1e-5
+        # the certificate's and the plan summary's figures are plan_cost's, transfer included
+        assert cert.objective_value == pytest.approx(plan_cost(plan, cluster, model=model).usd_per_1m_tokens, rel=1e-9)
+        assert cert.prices["usd_per_1m_tokens"] == pytest.approx(cert.objective_value, rel=1e-9)
+        zones[usd_per_gb] = {s.island for s in plan.stages}
+    assert zones[None] == {"east", "west"} and zones[0.5] == {"east"}

@@ -99,7 +99,9 @@ def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h
     ``objective``: "throughput" (value: step time, s), "min_cost" (USD/h of the GPUs used, each
     island's cheapest node groups first) or "cost_per_token" (USD per 1M tokens). Prices come from
     the cluster (:mod:`tangram_opt.specs.pricing`), independently of the planner's price curves;
-    ``max_nodes`` (group -> nodes) takes the rest of a group's GPUs out of its island.
+    ``max_nodes`` (group -> nodes) takes the rest of a group's GPUs out of its island. Cost per
+    token includes cross-zone transfer at the zone links' ``egress_usd_per_gb``: activations and
+    their gradients (2 x ``CostModel.p2p_bytes``) per micro-batch and stage boundary between zones.
     """
     from dataclasses import replace
 
@@ -111,6 +113,17 @@ def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h
              for g in ctx.cluster.node_groups}
     steps = {isl.index: tuple((g, min(n, nodes[g]), p) for g, n, p in price_steps(ctx.cluster, isl.node_groups))
              for isl in ctx.islands}
+    zone = {isl.index: isl.zone for isl in ctx.islands}
+
+    def egress_usd(b: int, m: int, choices) -> float:  # type: ignore[no-untyped-def]
+        usd = 0.0
+        isl = [problem.candidates[st.candidate].island for st in choices]
+        for a, c in zip(isl, isl[1:]):
+            link = ctx.cluster.zone_link(zone[a], zone[c]) if zone[a] != zone[c] else None
+            if link is not None and link.egress_usd_per_gb:
+                usd += 2 * ctx.cost.p2p_bytes(b) * m / 1e9 * link.egress_usd_per_gb
+        return usd
+
     best: tuple[float, float, float] | None = None
     for b in ctx.pipeline_micro_batches():
         problem = ctx.problem(b, max_stages=R)
@@ -127,7 +140,7 @@ def brute_force_priced(ctx: PlanningContext, objective: str, *, budget_usd_per_h
             if budget_usd_per_h is not None and usd_h > budget_usd_per_h * (1 + 1e-12):
                 continue
             v = (t if objective == "throughput" else usd_h if objective == "min_cost"
-                 else usd_h * t / 3600 / tokens * 1e6)
+                 else (usd_h * t / 3600 + egress_usd(b, problem.num_micro_batches, choices)) / tokens * 1e6)
             if best is None or v < best[0]:
                 best = (v, t, usd_h)
     return best

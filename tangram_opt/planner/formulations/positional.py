@@ -339,7 +339,16 @@ class PositionalMIP:
         md.add(lsum(self.Q.values()) >= cheapest * step, "price_step_low_h")
         md.add(lsum(self.Q.values()) >= low * lsum(self.H.values()), "price_step_low_s")
         md.add(lsum(self.Q.values()) >= p.num_micro_batches * self._work(pieces, fl), "price_work")
-        return lsum(self.Q.values())
+        # cross-zone transfer, USD per step: m x each boundary's price, in the objective's units
+        # (price units x ticks), rounded down (a relaxation); z[r,i,j] = 1 exactly where the
+        # boundary exists, and a positive cost holds it at its lower bound
+        per_usd = u.HOUR / (unit * o.tick_s)
+        egress = LinExpr()
+        for (r, i, j), zv in self.z.items():
+            usd = p.link_egress_usd.get((i, j), 0.0)
+            if usd:
+                egress.add_term(zv, math.floor(p.num_micro_batches * usd * per_usd))
+        return lsum(self.Q.values()) + egress
 
     def _work(self, pieces: dict[int, list[tuple[int, int]]], fl) -> LinExpr:  # type: ignore[no-untyped-def]
         """The GPU work of one micro-batch priced at each island's cheapest GPU-hour (price units x

@@ -44,6 +44,10 @@ class PipelineProblem:
     #: Using ``n`` GPUs of the island costs the first ``n`` along the steps (convex, piecewise
     #: linear; one step when the island has one price). Empty: no prices (the step-time objective)
     island_prices: dict[int, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    #: (island, island) -> USD one micro-batch's stage boundary between them costs in cross-zone
+    #: transfer (activations one way, their gradients back, at the zone link's ``egress_usd_per_gb``).
+    #: Empty: no priced zone link. Only the cost-per-token objective charges it (USD per step)
+    link_egress_usd: dict[tuple[int, int], float] = field(default_factory=dict)
     link_lo_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     link_hi_s: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
@@ -85,6 +89,14 @@ class PipelineProblem:
             c = self.candidates[st.candidate]
             used[c.island] = used.get(c.island, 0) + c.gpus
         return sum(island_usd_per_hour(self.island_prices[i], n) for i, n in used.items())
+
+    def egress_usd_per_step(self, choices: Sequence[StageChoice]) -> float:
+        """USD of cross-zone transfer per step: every stage boundary between islands with a priced
+        link, once per micro-batch."""
+        if not self.link_egress_usd:
+            return 0.0
+        isl = [self.candidates[st.candidate].island for st in choices]
+        return self.num_micro_batches * sum(self.link_egress_usd.get((a, b), 0.0) for a, b in zip(isl, isl[1:]))
 
     def boundary_s(self, src: Candidate, dst: Candidate) -> float:
         """Exact p2p time from a stage of candidate ``src`` to the next, of candidate ``dst``."""

@@ -77,11 +77,27 @@ def island_price_curves(ctx: PlanningContext, caps: Mapping[str, int]) -> dict[i
     return {isl.index: tuple((n, p) for _, n, p in capped_steps(ctx, isl.node_groups, caps)) for isl in ctx.islands}
 
 
+def link_egress_usd(ctx: PlanningContext, b: int) -> dict[tuple[int, int], float]:
+    """(island, island) -> USD a stage boundary between them costs per micro-batch of ``b``
+    sequences in cross-zone transfer: the activations one way and their gradients back
+    (``2 x CostModel.p2p_bytes(b)``, the bytes :func:`tangram_opt.costing.plan_cost` counts) at the
+    zone link's ``egress_usd_per_gb``; pairs without a priced link are left out."""
+    out = {}
+    for a in ctx.islands:
+        for c in ctx.islands:
+            link = ctx.cluster.zone_link(a.zone, c.zone) if a.zone != c.zone else None
+            if link is not None and link.egress_usd_per_gb:
+                out[a.index, c.index] = 2 * ctx.cost.p2p_bytes(b) / u.GB * link.egress_usd_per_gb
+    return out
+
+
 def plan_prices(plan: Plan, ctx: PlanningContext, max_nodes: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The dollar figures the plan summary prints: USD/h of the GPUs used, USD per 1M tokens (at the
-    exact step time) and the whole nodes each node group leaves free. The same accounting as
-    :func:`tangram_opt.costing.plan_cost` without egress (which that function adds), except that a
-    node budget (``max_nodes``) takes the budgeted groups' GPUs out of the cheapest-first fill."""
+    exact step time, with the cross-zone transfer of stage boundaries) and the whole nodes each node
+    group leaves free. The same accounting as :func:`tangram_opt.costing.plan_cost`, except that a
+    node budget (``max_nodes``) takes the budgeted groups' GPUs out of the cheapest-first fill, and
+    that the gradient all-reduce between the pipelines of a multi-pipeline plan across zones is
+    priced there only."""
     used = plan.gpus_by_island()
     usd_h, free = 0.0, []
     caps = group_caps(ctx, max_nodes)
@@ -96,8 +112,17 @@ def plan_prices(plan: Plan, ctx: PlanningContext, max_nodes: Mapping[str, int] |
             if idle:
                 free.append({"group": g, "nodes_free": idle, "nodes": nodes})
     tokens = plan.global_batch_size * plan.seq_len
-    return {"usd_per_hour": usd_h, "usd_per_1m_tokens": usd_h * plan.step_time_s / u.HOUR / tokens * 1e6,
-            "free_nodes": free}
+    index = {isl.name: isl.index for isl in ctx.islands}
+    egress = 0.0
+    for pipe in plan.pipelines:
+        usd = link_egress_usd(ctx, pipe.pipeline_micro_batch)
+        egress += pipe.num_micro_batches * sum(usd.get((index[a.island], index[b.island]), 0.0)
+                                               for a, b in zip(pipe.stages, pipe.stages[1:]))
+    out = {"usd_per_hour": usd_h,
+           "usd_per_1m_tokens": (usd_h * plan.step_time_s / u.HOUR + egress) / tokens * 1e6, "free_nodes": free}
+    if egress:
+        out["egress_usd_per_step"] = egress
+    return out
 
 
 def _cheapest_stage_usd_h(p: PipelineProblem) -> float:
@@ -234,7 +259,8 @@ class PricedSearch:
         ok = (self.max_step_s is None or step <= self.max_step_s * (1 + 1e-12)) and (
             self.obj.budget_usd_per_h is None or usd_h <= self.obj.budget_usd_per_h * (1 + 1e-12))
         kind = self.obj.kind
-        v = step if kind == "throughput" else usd_h if kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
+        v = (step if kind == "throughput" else usd_h if kind == "min_cost"
+             else (usd_h * step / u.HOUR + problem.egress_usd_per_step(choices)) / self.tokens * 1e6)
         return v, step, ok
 
     def offer(self, b: int, choices: list[StageChoice]) -> bool:
@@ -262,13 +288,16 @@ class PricedSearch:
         used = plan.gpus_by_island()
         if any(name not in names or n > self.island_gpus[names[name]] for name, n in used.items()):
             return False
-        usd_h = plan_prices(plan, self.ctx, self.obj.max_nodes)["usd_per_hour"] if self.prices else 0.0
-        step = plan.step_time_s
+        if self.obj.kind == "cost_per_token" and len(plan.pipelines) > 1 and any(
+                z.egress_usd_per_gb for z in self.ctx.cluster.zone_links):
+            return False  # its cross-pipeline transfer is priced by costing.plan_cost only
+        prices = plan_prices(plan, self.ctx, self.obj.max_nodes) if self.prices else {"usd_per_hour": 0.0}
+        usd_h, step = prices["usd_per_hour"], plan.step_time_s
         if (self.max_step_s is not None and step > self.max_step_s * (1 + 1e-12)) or (
                 self.obj.budget_usd_per_h is not None and usd_h > self.obj.budget_usd_per_h * (1 + 1e-12)):
             return False
         kind = self.obj.kind
-        v = step if kind == "throughput" else usd_h if kind == "min_cost" else usd_h * step / u.HOUR / self.tokens * 1e6
+        v = step if kind == "throughput" else usd_h if kind == "min_cost" else prices["usd_per_1m_tokens"]
         if v < self.inc_value:
             self.inc_value, self.inc_step_s, self.inc, self.inc_plan = v, step, None, plan
         return True
@@ -378,8 +407,9 @@ class PricedSearch:
         """The search; ``start``: plans to start from (:meth:`offer_plan`)."""
         ctx = self.ctx
         for b in ctx.pipeline_micro_batches():
+            egress = link_egress_usd(ctx, b) if self.obj.kind == "cost_per_token" else {}
             self.subs[b] = _Sub(problem=replace(ctx.problem(b), island_prices=self.prices,
-                                                island_gpus=dict(self.island_gpus)))
+                                                island_gpus=dict(self.island_gpus), link_egress_usd=egress))
         live = [b for b, s in self.subs.items() if s.problem.candidates]
         for b, s in self.subs.items():
             if not s.problem.candidates:
@@ -560,4 +590,4 @@ class PricedSearch:
         return "; ".join(parts)
 
 
-__all__ = ["COST_STEP_TICKS", "PricedSearch", "island_price_curves", "plan_prices"]
+__all__ = ["COST_STEP_TICKS", "PricedSearch", "island_price_curves", "link_egress_usd", "plan_prices"]
