@@ -23,6 +23,7 @@ with a GPU type that has no price (no default and none in the cluster file) are 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,15 @@ from benchmarks.report import machine_info
 from benchmarks.scenario_suite import Scenario, load_scenarios
 from tangram_opt.baselines import cheapest_first
 from tangram_opt.costing import plan_cost
-from tangram_opt.errors import SpecError, TangramError
+from tangram_opt.errors import InfeasibleError, SpecError, TangramError
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands
 from tangram_opt.specs.pricing import group_price
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "results" / "cost.md"
+#: the rows of the last run (``--page-only`` re-renders the page from them)
+ROWS = ROOT / "benchmarks" / "results" / "cost.json"
 #: relative tolerance of "cost-optimal <= baseline" (two evaluations of one plan's figures)
 RTOL = 1e-9
 
@@ -81,6 +84,9 @@ def run_scenario(sc: Scenario, floors: list[float], *, quick: bool, threads: int
             base = cheapest_first(ctx, min_tokens_per_s=floor)
             f["cheapest"] = {**_priced(base.plan, cluster), "wall_s": time.perf_counter() - t0,
                              "nodes": base.nodes}
+        except InfeasibleError as e:  # the greedy plan on every node stays below the floor
+            f["cheapest"] = {"error": "cannot reach the floor: the greedy plan on all nodes makes "
+                                      f"{e.closest.get('tokens_per_s', 0):,.0f} tok/s"}
         except TangramError as e:
             f["cheapest"] = {"error": str(e).splitlines()[0]}
         t0 = time.perf_counter()
@@ -172,9 +178,9 @@ def page(rows: list[dict], skipped: list[tuple[str, str]], *, quick: bool, floor
             head = [r["scenario"], str(r["gpus"]),
                     f"{a['tokens_per_s']:,.0f}, ${a['usd_per_hour']:,.0f}, {_money(a)}"] if i == 0 else ["", "", ""]
             cc = (f"{c['tokens_per_s']:,.0f}, {c['gpus']}, {_money(c)}" if "error" not in c
-                  else "no plan: " + c["error"].replace("|", "/")[:100])
+                  else c["error"].replace("|", "/")[:160])
             oc = (f"{o['tokens_per_s']:,.0f}, {o['gpus']}, **{_money(o)}** ({_pct(o['gap'])})" if "error" not in o
-                  else "no plan: " + o["error"].replace("|", "/")[:100])
+                  else "no plan: " + o["error"].replace("|", "/")[:160])
             save_a = (f"{100 * (1 - o['usd_per_1m_tokens'] / a['usd_per_1m_tokens']):.1f}%" if "error" not in o
                       else "-")
             save_c = (f"{100 * (1 - o['usd_per_1m_tokens'] / c['usd_per_1m_tokens']):.1f}%"
@@ -227,10 +233,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=float, default=None, metavar="S", help="cap every solve's time limit at S s")
     ap.add_argument("--no-page", action="store_true", help=f"do not write {PAGE.relative_to(ROOT)}")
+    ap.add_argument("--page-only", action="store_true",
+                    help=f"re-render the page from the last run's rows ({ROWS.relative_to(ROOT)}) without solving")
     args = ap.parse_args(argv)
     if args.limit is not None and not args.limit > 0:
         ap.error("--limit must be a positive number of seconds")
-    rows, skipped = run(args.quick, args.only, args.floors, args.threads, args.limit)
+    if args.page_only:
+        saved = json.loads(ROWS.read_text(encoding="utf-8"))
+        rows, skipped, args.quick, args.floors, args.threads, args.limit = (
+            saved["rows"], [tuple(x) for x in saved["skipped"]], saved["quick"], saved["floors"], saved["threads"],
+            saved["limit"])
+    else:
+        rows, skipped = run(args.quick, args.only, args.floors, args.threads, args.limit)
+        ROWS.parent.mkdir(parents=True, exist_ok=True)
+        ROWS.write_text(json.dumps({"rows": rows, "skipped": skipped, "quick": args.quick, "floors": args.floors,
+                                    "threads": args.threads, "limit": args.limit}, indent=1), encoding="utf-8")
     if not args.no_page:
         PAGE.write_text(page(rows, skipped, quick=args.quick, floors=args.floors, threads=args.threads,
                              cap_s=args.limit), encoding="utf-8")
