@@ -194,6 +194,17 @@ def test_cli_plans_for_a_throughput_floor_at_least_cost(tmp_path):
     plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
     assert plan["certificate"]["objective"] == "min_cost"
     assert plan["certificate"]["limits"] == {"min_tokens_per_s": 1000.0}
+    # --start: the plan just written starts a cost-per-token search; the result is no dearer
+    start = tmp_path / "start.json"
+    (tmp_path / "plan.json").rename(start)
+    res = subprocess.run([*args, "--objective", "cost_per_token", "--min-tokens-per-s", "1000", "--start", str(start),
+                          "--time-limit", "1"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    again = json.loads((tmp_path / "plan.json").read_text())["plan"]["certificate"]
+    assert again["objective_value"] <= plan["certificate"]["prices"]["usd_per_1m_tokens"] * (1 + 1e-9)
+    bad = subprocess.run([*args, "--start", str(tmp_path / "missing.json")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "missing.json" in bad.stderr and "Traceback" not in bad.stderr
     bad = subprocess.run([*args, "--budget-usd-per-h", "nan"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "--budget-usd-per-h" in bad.stderr and "Traceback" not in bad.stderr
     # a node budget: no V100 node, so the A100s carry the plan

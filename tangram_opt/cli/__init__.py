@@ -161,6 +161,9 @@ docs: docs/cli.md""")
     pl.add_argument("--max-nodes", type=_node_budget, default=None, metavar="GROUP=N,...",
                     help="a node budget per node group: use at most N of GROUP's nodes, e.g. v100=2,h100=1 "
                          "(plans single pipelines, like --objective)")
+    pl.add_argument("--start", metavar="PLAN_FILE",
+                    help="a plan file of this cluster, model and run to start from (e.g. the throughput plan, when "
+                         "planning for dollars): the result is never worse than it under the objective")
     pl.add_argument("--profiles", metavar="PATH",
                     help="measured layer profiles: a file or a directory of them ('tangram-opt profile' writes them); "
                          "they replace computed compute time for the GPU types they cover")

@@ -197,6 +197,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       profiles=profiles, on_progress=progress)
         if not goal.is_default:
             common["objective"] = goal
+        if args.start:
+            from tangram_opt.export.envelope import read_plan_file
+
+            common["start"] = read_plan_file(args.start).plan
         if args.launch:
             from tangram_opt.planner.search import launch_price
             from tangram_opt.planner.search.launch import check_launch, launch_calibration
