@@ -25,7 +25,6 @@ from tangram_opt import units as u
 from tangram_opt.baselines.cheapest import (Pipelines, cheapest_first, first_meeting, greedy_on, node_order, plan_on,
                                             prefix)
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
-from tangram_opt.planner.multi_pipeline.generation import choices_of
 from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.context import PlanningContext
@@ -34,6 +33,7 @@ from tangram_opt.planner.formulations.bounds import quick_lower_bound
 from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, choices_timing
 from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
+from tangram_opt.planner.multi_pipeline.generation import choices_of
 from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
 from tangram_opt.planner.search.nodes import SearchEvent
 from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objective
@@ -457,11 +457,14 @@ class PricedSearch:
         """Plans on node selections (tangram_opt/baselines/cheapest.py): the first k nodes,
         cheapest USD per peak FLOP/s first. Greedy pipelines on prefixes of 1, 2, 4, ... nodes,
         at each node group's end and, under a throughput floor, on the prefixes a bisection for
-        the fewest nodes meeting it visits, and the cheapest-first baseline's plan; then the single-pipeline search (``solver``) on the
-        best prefixes and, under a floor, a bisection below the best one with that search. Each
-        plan is offered as an incumbent (re-scored exactly); none of this bounds anything."""
+        the fewest nodes meeting it visits, and the cheapest-first baseline's plan; then the
+        single-pipeline search (``solver``) on the best prefixes and, under a floor, a bisection
+        below the best one with that search. Each plan is offered as an incumbent (re-scored
+        exactly); none of this bounds anything."""
         order = node_order(self.ctx, self.obj.max_nodes)
         n, limit = len(order), self.time_limit_s
+        if n == 0:  # the node budget leaves no node
+            return
         greedy_until = self.elapsed() + SELECTION_GREEDY_SHARE * limit
         value: dict[int, float] = {}
 
@@ -471,14 +474,15 @@ class PricedSearch:
                     if self.elapsed() < greedy_until else math.inf
             return value[k]
 
-        ks = sorted({min(2 ** j, n) for j in range(n.bit_length() + 1)}
-                    | {sum(1 for g in order[:i + 1]) for i in range(n) if i + 1 == n or order[i + 1] != order[i]})
+        group_ends = {i + 1 for i in range(n) if i + 1 == n or order[i + 1] != order[i]}
+        ks = sorted({min(2 ** j, n) for j in range(n.bit_length() + 1)} | group_ends)
         for k in ks:
             greedy_value(k)
         if self.max_step_s is not None:
             first_meeting(n, lambda k: math.isfinite(greedy_value(k)))
             try:  # the cheapest-first baseline itself: the search starts no dearer than it
-                base = cheapest_first(self.ctx, min_tokens_per_s=self.obj.min_tokens_per_s, max_nodes=self.obj.max_nodes)
+                base = cheapest_first(self.ctx, min_tokens_per_s=self.obj.min_tokens_per_s,
+                                      max_nodes=self.obj.max_nodes)
                 self.offer_plan(base.plan)
             except InfeasibleError:
                 pass
