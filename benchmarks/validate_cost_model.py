@@ -10,7 +10,7 @@ x tp x micro-batch). The cost model runs with its documented default calibration
 taken from Sailor besides the model shapes are (a) the arithmetic each file ran in, inferred from
 its best block throughput (above the GPU's FP32 peak means tensor cores, i.e. TF32), and (b)
 Sailor's measured intra-node bandwidths for the TP links of those machines (with network efficiency
-1.0, since they are achieved figures, not datasheet ones). Then, separately and labelled as such,
+1.0, since they are achieved figures, not datasheet ones; per GPU, see :func:`sailor_node`). Then, separately and labelled as such,
 it fits one compute scale and one memory efficiency per GPU type to the same data, to show how much
 of the error is a per-GPU constant.
 
@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +73,29 @@ class Row:
 
 
 def sailor_node(gpu_name: str, sailor_gpu: str, tp: int, bws: dict[str, dict[int, float]]) -> NodeSpec:
-    """A node of ``tp`` GPUs whose TP link runs at Sailor's measured bandwidth for that group size."""
+    """A node of ``tp`` GPUs whose TP link runs at Sailor's measured bandwidth for that group size.
+
+    Sailor's figure for ``n`` GPUs is an aggregate: its test (sailor/profiling/networking/
+    test_sendrecv.py) has ranks ``0..n/2-1`` each send to rank ``r + n/2`` at the same time and
+    reports ``n/2 x bytes / time``. Without GPU peer-to-peer (GeForce and Titan cards) every one of
+    those transfers is staged through host memory and the concurrent pairs share the PCIe uplinks
+    to the CPU; a ring all-reduce over the same ``n`` GPUs loads each shared uplink with as many
+    streams per direction as the pair test did (each GPU sends up once and receives down once), so
+    what one GPU gets in the ring is the per-pair figure, ``aggregate / (n/2)``. With peer-to-peer
+    links (NVLink) the pairs do not share a path and NCCL's ring spreads its channels over all of a
+    GPU's links, so the measured figure is kept as the per-GPU one.
+    """
     gpu = get_gpu_type(gpu_name)
     link = LINKS[gpu.default_link]
     by_n = bws.get(sailor_gpu, {})
     bw = link.bw_bytes_per_s
+    node = NodeSpec(gpu=gpu, gpus_per_node=max(1, tp), intra_node_link=link.name, intra_node_bw_bytes_per_s=bw,
+                    intra_node_latency_s=link.latency_s, nic_bw_bytes_per_s=100 * u.GBIT_PER_S)
     if by_n and tp > 1:
         sizes = sorted(by_n)
         n = max([s for s in sizes if s <= tp], default=sizes[0])
-        bw = by_n[n]
-    return NodeSpec(gpu=gpu, gpus_per_node=max(1, tp), intra_node_link=link.name, intra_node_bw_bytes_per_s=bw,
-                    intra_node_latency_s=link.latency_s, nic_bw_bytes_per_s=100 * u.GBIT_PER_S)
+        bw = by_n[n] if node.has_peer_to_peer else by_n[n] / (n / 2)
+    return replace(node, intra_node_bw_bytes_per_s=bw)
 
 
 def collect_rows() -> tuple[list[Row], list[str]]:
@@ -260,11 +272,12 @@ def implied_tp_bandwidth(rows: list[Row], pred: Predictor, cal: Calibration) -> 
         traffic = 4 * 2 * (r.tp - 1) / r.tp * msg
         if comm > 0:
             implied[(r.gpu, r.tp)].append(traffic / comm)
-        used[(r.gpu, r.tp)] = node.intra_node_bw_bytes_per_s
-    print("\nDiagnostic: TP all-reduce bus bandwidth implied by the measurements vs the link figure used (GB/s):")
+        used[(r.gpu, r.tp)] = node.intra_node_bw_per_gpu
+    print("\nDiagnostic: TP all-reduce bus bandwidth implied by the measurements vs the link figure used (GB/s;")
+    print("Sailor's pair-test aggregate per GPU where the GPUs have no peer-to-peer access):")
     for (gpu, tp), vals in sorted(implied.items()):
         print(f"  {gpu:<10} tp={tp}  implied {statistics.median(vals) / u.GB_PER_S:7.1f}   "
-              f"used (Sailor's measured link) {used[(gpu, tp)] / u.GB_PER_S:7.1f}")
+              f"used (Sailor's measured link, per GPU) {used[(gpu, tp)] / u.GB_PER_S:7.1f}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ the data, all-gather inside the node), and the cross-node step gets ``nic_bw / g
 GPU because every GPU of the node runs the same collective at the same time (all groups of a stage
 are in the same phase). The network efficiency of :class:`~tangram_opt.cost.calibration.Calibration`
 scales every link figure.
+
+GPUs without peer-to-peer access (GeForce and Titan cards over PCIe) run intra-node steps through
+host memory: the per-GPU figure is then :attr:`NodeSpec.intra_node_bw_per_gpu`, the node's PCIe
+rate shared by the GPUs behind one switch (they all communicate at once, as above).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def collective_time_s(node: NodeSpec, kind: str, nbytes: float, n: int, *, strid
         return 0.0
     assert kind in COLLECTIVES, kind
     p = place(node, n, stride)
-    intra_bw = node.intra_node_bw_bytes_per_s * efficiency
+    intra_bw = node.intra_node_bw_per_gpu * efficiency
     if not p.crosses_nodes:
         return _flat(kind, nbytes, n, intra_bw, node.intra_node_latency_s)
     nic_bw = node.nic_bw_per_gpu_bytes_per_s * efficiency
@@ -146,8 +150,9 @@ def p2p_side_time_s(shard_bytes: float, node: NodeSpec, *, intra_node: bool, eff
     scale-up bandwidth per GPU inside a node, ``nic_bw / gpus_per_node`` through the NIC (a stage
     of whole nodes drives all of each node's NIC; a stage smaller than a node gets its GPUs'
     share, since the node's other GPUs belong to stages sending at the same time under 1F1B).
+    Without GPU peer-to-peer the scale-up share is the PCIe switch uplink's, as for collectives.
     """
-    bw = node.intra_node_bw_bytes_per_s if intra_node else node.nic_bw_per_gpu_bytes_per_s
+    bw = node.intra_node_bw_per_gpu if intra_node else node.nic_bw_per_gpu_bytes_per_s
     return shard_bytes / (bw * efficiency)
 
 

@@ -34,6 +34,13 @@ class NodeSpec:
 
     ``intra_node_bw_bytes_per_s`` is per GPU and per direction (what a ring collective inside the
     node can drive); ``nic_bw_bytes_per_s`` is the node's total scale-out bandwidth per direction.
+
+    PCIe topology, for GPUs without peer-to-peer access (``peer_to_peer``; ``None``: the GPU type's
+    ``pcie_peer_to_peer`` on a PCIe link, always on NVLink / Infinity Fabric): NCCL then stages every
+    intra-node transfer through host memory, so each GPU's traffic goes up to the CPU and back down
+    even between two GPUs behind one PCIe switch. ``gpus_per_pcie_switch`` GPUs share one upstream
+    x16 link of the node's PCIe generation (1: every GPU on its own CPU root port, nothing shared),
+    and :func:`intra_node_bw_per_gpu` is what each gets while all of them communicate.
     """
 
     gpu: GPUType
@@ -43,6 +50,40 @@ class NodeSpec:
     intra_node_latency_s: float
     nic_bw_bytes_per_s: float
     nic_latency_s: float = DEFAULT_NIC_LATENCY_S
+    peer_to_peer: bool | None = None
+    gpus_per_pcie_switch: int = 1
+
+    def __post_init__(self) -> None:
+        if self.peer_to_peer is not None and not isinstance(self.peer_to_peer, bool):
+            raise SpecError("peer_to_peer", self.peer_to_peer, "must be true, false or left out",
+                            "write true or false (left out: the GPU type's default)")
+        if not isinstance(self.gpus_per_pcie_switch, int) or isinstance(self.gpus_per_pcie_switch, bool) \
+                or not 1 <= self.gpus_per_pcie_switch <= self.gpus_per_node:
+            raise SpecError("gpus_per_pcie_switch", self.gpus_per_pcie_switch,
+                            f"must be a whole number from 1 to gpus_per_node ({self.gpus_per_node})",
+                            "give how many GPUs share one PCIe switch uplink (1: each on its own root port)")
+
+    @property
+    def has_peer_to_peer(self) -> bool:
+        """Whether the node's GPUs reach each other directly (NVLink, xGMI, or PCIe with peer access)."""
+        if self.peer_to_peer is not None:
+            return self.peer_to_peer
+        return not self.intra_node_link.startswith("pcie") or self.gpu.pcie_peer_to_peer
+
+    @property
+    def intra_node_bw_per_gpu(self) -> float:
+        """Per GPU, per direction, while every GPU of the node runs the same collective (bytes/s).
+
+        With peer-to-peer, ``intra_node_bw_bytes_per_s``. Without it each transfer is staged through
+        host memory (NCCL's SHM transport): the sender writes over its PCIe path to the CPU and the
+        receiver reads over its own, so the ``gpus_per_pcie_switch`` GPUs behind one switch all
+        send through its one upstream link in one direction and receive through it in the other:
+        each gets ``1 / gpus_per_pcie_switch`` of it (NCCL's own topology search charges the same
+        shared PCIe links when it routes a ring through the CPU; src/graph/paths.cc, search.cc).
+        """
+        if self.has_peer_to_peer:
+            return self.intra_node_bw_bytes_per_s
+        return self.intra_node_bw_bytes_per_s / self.gpus_per_pcie_switch
 
     @property
     def nic_bw_per_gpu_bytes_per_s(self) -> float:
@@ -174,6 +215,8 @@ class Cluster:
              "intra_node_latency_us": g.node.intra_node_latency_s / u.US,
              "nic_gbps": g.node.nic_bw_bytes_per_s / u.GBIT_PER_S,
              "nic_latency_us": g.node.nic_latency_s / u.US, "zone": g.zone,
+             **({} if g.node.peer_to_peer is None else {"peer_to_peer": g.node.peer_to_peer}),
+             **({} if g.node.gpus_per_pcie_switch == 1 else {"gpus_per_pcie_switch": g.node.gpus_per_pcie_switch}),
              **({} if g.usd_per_gpu_hour is None else {GROUP_PRICE_FIELD: g.usd_per_gpu_hour})}
             for g in self.node_groups]
         if self.zone_links:
@@ -188,12 +231,14 @@ def _gpu_to_dict(g: GPUType) -> dict[str, Any]:
     return {"name": g.name, "fp16_tflops": g.fp16_flops_per_s / u.TFLOPS,
             "bf16_tflops": None if g.bf16_flops_per_s is None else g.bf16_flops_per_s / u.TFLOPS,
             "fp32_tflops": g.fp32_flops_per_s / u.TFLOPS, "memory_gib": g.hbm_bytes / u.GiB,
-            "hbm_gbs": g.hbm_bw_bytes_per_s / u.GB_PER_S, "link": g.default_link, "vendor": g.vendor,
+            "hbm_gbs": g.hbm_bw_bytes_per_s / u.GB_PER_S, "link": g.default_link,
+            **({} if g.pcie_peer_to_peer else {"pcie_p2p": False}), "vendor": g.vendor,
             "source": g.source, "notes": g.notes}
 
 
 _GROUP_FIELDS = ("name", "gpu", "nodes", "gpus_per_node", "intra_node_link", "intra_node_gbs",
-                 "intra_node_latency_us", "nic_gbps", "nic_latency_us", "zone", GROUP_PRICE_FIELD)
+                 "intra_node_latency_us", "nic_gbps", "nic_latency_us", "zone", "peer_to_peer", "gpus_per_pcie_switch",
+                 GROUP_PRICE_FIELD)
 _CLUSTER_FIELDS = ("name", "description", "gpu_types", "node_groups", "zone_links")
 _ZONE_FIELDS = ("zones", "gbps", "latency_ms", EGRESS_PRICE_FIELD)
 
@@ -258,8 +303,15 @@ def _group_from_dict(d: Any, i: int, custom: Mapping[str, GPUType], source: str)
     if not isinstance(zone, str) or not zone:
         raise SpecError(f"{f}.zone", zone, "must be a non-empty string", "name the zone, e.g. us-central1-a",
                         source=source)
+    p2p = (None if d.get("peer_to_peer") is None
+           else _check.boolean(f"{f}.peer_to_peer", d["peer_to_peer"], source=source))
+    per_switch = _check.positive_int(f"{f}.gpus_per_pcie_switch", d.get("gpus_per_pcie_switch", 1), source=source)
+    if per_switch > per_node:
+        raise SpecError(f"{f}.gpus_per_pcie_switch", per_switch, f"is more than gpus_per_node ({per_node})",
+                        "give how many of the node's GPUs share one PCIe switch uplink", source=source)
     spec = NodeSpec(gpu=gpu, gpus_per_node=per_node, intra_node_link=link.name, intra_node_bw_bytes_per_s=intra_bw,
-                    intra_node_latency_s=intra_lat, nic_bw_bytes_per_s=nic, nic_latency_s=nic_lat)
+                    intra_node_latency_s=intra_lat, nic_bw_bytes_per_s=nic, nic_latency_s=nic_lat,
+                    peer_to_peer=p2p, gpus_per_pcie_switch=per_switch)
     name = d.get("name") or f"{gpu.name.lower()}-{i}"
     price = (None if d.get(GROUP_PRICE_FIELD) is None
              else usd_amount(f"{f}.{GROUP_PRICE_FIELD}", d[GROUP_PRICE_FIELD], source=source))

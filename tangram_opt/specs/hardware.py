@@ -74,7 +74,10 @@ class GPUType:
     that many, so a small GEMM leaves part of the GPU idle (``None``: not modelled).
     ``compute_capability`` (NVIDIA) decides which kernels a framework can run on it: FlashAttention-2
     and its successors need 8.0 (Ampere) or newer, so V100 and Turing cards train with
-    materialized attention.
+    materialized attention. ``pcie_peer_to_peer`` says whether two of these GPUs can reach each
+    other's memory over PCIe (CUDA peer access): NVIDIA disables it on GeForce and Titan cards, so
+    NCCL stages their intra-node transfers through host memory (its SHM transport) and every byte
+    crosses the PCIe path to the CPU (see :class:`~tangram_opt.specs.cluster.NodeSpec`).
     """
 
     name: str
@@ -87,6 +90,7 @@ class GPUType:
     num_sms: int | None = None
     compute_capability: float | None = None
     fp8_flops_per_s: float | None = None
+    pcie_peer_to_peer: bool = True
     vendor: str = "NVIDIA"
     source: str = ""
     notes: str = ""
@@ -149,7 +153,7 @@ class GPUType:
 
 def _gpu(name: str, *, half_tflops: float, bf16: bool = True, fp32_tflops: float, mem_gib: float | None = None,
          mem_gb: float | None = None, hbm_gb_per_s: float, link: str, vendor: str = "NVIDIA", source: str,
-         notes: str = "", fp8_tflops: float | None = None) -> GPUType:
+         notes: str = "", fp8_tflops: float | None = None, pcie_p2p: bool = True) -> GPUType:
     sms = SM_COUNTS[name][0]
     cc = COMPUTE_CAPABILITY.get(name)
     mem = mem_gib * u.GiB if mem_gib is not None else mem_gb * u.GB  # type: ignore[operator]
@@ -157,8 +161,15 @@ def _gpu(name: str, *, half_tflops: float, bf16: bool = True, fp32_tflops: float
                    bf16_flops_per_s=half_tflops * u.TFLOPS if bf16 else None,
                    fp32_flops_per_s=fp32_tflops * u.TFLOPS, hbm_bytes=mem, hbm_bw_bytes_per_s=hbm_gb_per_s * u.GB_PER_S,
                    default_link=link, num_sms=sms, compute_capability=cc, vendor=vendor, source=source, notes=notes,
-                   fp8_flops_per_s=None if fp8_tflops is None else fp8_tflops * u.TFLOPS)
+                   fp8_flops_per_s=None if fp8_tflops is None else fp8_tflops * u.TFLOPS,
+                   pcie_peer_to_peer=pcie_p2p)
 
+
+#: GeForce and Titan cards: CUDA peer access over PCIe is disabled by the driver on consumer boards
+#: (CUDA's p2pBandwidthLatencyTest prints "CANNOT Access Peer" between RTX 2080 Ti cards,
+#: NVIDIA/nccl-tests issue #117; RTX 4090, nccl-tests issue #307), so NCCL falls back to its shared-
+#: memory transport through the CPU (NCCL src/graph/paths.cc: "Divert all traffic through the CPU").
+_NO_PCIE_P2P = "no GPU peer-to-peer over PCIe on GeForce/Titan boards (NCCL goes through host memory)"
 
 #: Streaming multiprocessors (AMD: compute units) per device, with where the figure comes from.
 #: Where a datasheet gives CUDA cores rather than SMs, the count is cores / cores per SM of the
@@ -224,14 +235,17 @@ _BUILTIN: tuple[GPUType, ...] = (
          source="AWS EC2 G5 documentation (A10G, 24 GB GDDR6, 600 GB/s); dense tensor FP16 not published, "
                 "~70 TFLOPS commonly reported", notes="approximate tensor peak"),
     _gpu("RTX-3090", half_tflops=71, fp32_tflops=35.6, mem_gib=24, hbm_gb_per_s=936, link="pcie4",
+         pcie_p2p=False, notes=_NO_PCIE_P2P,
          source="NVIDIA Ampere GA102 whitepaper: 71 TFLOPS FP16 tensor with FP32 accumulate, 936 GB/s"),
     _gpu("RTX-4090", half_tflops=165.2, fp32_tflops=82.6, mem_gib=24, hbm_gb_per_s=1008, link="pcie4",
-         fp8_tflops=330.3,
+         fp8_tflops=330.3, pcie_p2p=False, notes=_NO_PCIE_P2P,
          source="NVIDIA Ada Lovelace whitepaper: 165.2 TFLOPS FP16/BF16 and 330.3 FP8 tensor with FP32 "
                 "accumulate, 1,008 GB/s"),
     _gpu("RTX-2080", half_tflops=40.3, bf16=False, fp32_tflops=10.1, mem_gib=8, hbm_gb_per_s=448, link="pcie3",
+         pcie_p2p=False, notes=_NO_PCIE_P2P,
          source="NVIDIA Turing whitepaper: RTX 2080 40.3 TFLOPS FP16 tensor with FP32 accumulate, 448 GB/s"),
     _gpu("Titan-RTX", half_tflops=130.5, bf16=False, fp32_tflops=16.3, mem_gib=24, hbm_gb_per_s=672, link="pcie3",
+         pcie_p2p=False, notes=_NO_PCIE_P2P,
          source="NVIDIA Turing whitepaper: Titan RTX 130.5 TFLOPS FP16 tensor with FP32 accumulate, 672 GB/s"),
     _gpu("MI250X", half_tflops=191.5, fp32_tflops=47.85, mem_gib=64, hbm_gb_per_s=1600, link="xgmi-mi250x",
          vendor="AMD",
@@ -301,7 +315,7 @@ def get_link(name: str, *, field: str = "intra_node_link", source: str = "") -> 
 
 
 _GPU_FIELDS = ("name", "fp16_tflops", "bf16_tflops", "fp8_tflops", "fp32_tflops", "memory_gib", "memory_gb",
-               "hbm_gbs", "link", "num_sms", "compute_capability", "vendor", "source", "notes")
+               "hbm_gbs", "link", "num_sms", "compute_capability", "pcie_p2p", "vendor", "source", "notes")
 
 
 def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", source: str = "") -> GPUType:
@@ -333,6 +347,7 @@ def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", sou
                        f"{f}.compute_capability", data["compute_capability"], source=source),
                    fp8_flops_per_s=None if data.get("fp8_tflops") is None else _check.positive_float(
                        f"{f}.fp8_tflops", data["fp8_tflops"], source=source) * u.TFLOPS,
+                   pcie_peer_to_peer=_check.boolean(f"{f}.pcie_p2p", data.get("pcie_p2p", True), source=source),
                    vendor=str(data.get("vendor", "custom")),
                    source=str(data.get("source", "user-defined")), notes=str(data.get("notes", "")))
 
