@@ -43,6 +43,10 @@ from tangram_opt.specs.pricing import fill_cheapest, price_steps
 #: shares of the time limit for the node-selection warm start: greedy pipelines on cheapest-first
 #: node selections, then the single-pipeline search on the best of them (:meth:`PricedSearch.select`)
 SELECTION_GREEDY_SHARE, SELECTION_SEARCH_SHARE = 0.1, 0.4
+#: the most stage binaries (positions x candidates) a priced MIP is built with: larger ones (e.g.
+#: DeepSeek-V3 over 1,024 GPUs: 84,000-103,000 at b >= 8, ~10^7 nonzeros, 15-20 s to build in
+#: Python and more memory in the solver than this machine has) keep their solver-free bound
+PRICED_MIP_MAX_BINARIES = 60_000
 #: ticks per step for the cost-per-token model: its objective multiplies prices by the step time,
 #: and ~1e5 ticks keep those products (~1e10) easy for LP-based solvers (rounding ~1e-5, in the
 #: bound's favour)
@@ -360,6 +364,12 @@ class PricedSearch:
 
     def solve_sub(self, b: int, budget_s: float) -> None:
         sub = self.subs[b]
+        size = sub.problem.max_stages * len(sub.problem.candidates)
+        if size > PRICED_MIP_MAX_BINARIES:
+            sub.status = f"too large (a MIP of ~{size:,} stage binaries; at most {PRICED_MIP_MAX_BINARIES:,})"
+            sub.bound = max(sub.bound, self.trivial_bound(sub))
+            self.emit(f"b={b}: too large for the priced MIP")
+            return
         started = time.perf_counter()
         mip = PositionalMIP(sub.problem, self.options_for(sub)).build()
         cutoff = self.cutoff(mip)
@@ -521,7 +531,7 @@ class PricedSearch:
                 raise NoSolutionError(f"no plan found ({self.obj.describe()}): the {self.rejected} plan(s) the MIPs "
                                       "found break a limit in the exact closed form (the model relaxes the step "
                                       "time by a few ticks and the p2p side times); loosen the limit slightly")
-            if any(s.status.startswith("not") or s.status.startswith("error") for s in self.subs.values()):
+            if any(s.status.startswith(("not", "error", "too large")) for s in self.subs.values()):
                 raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend {self.backend!r} "
                                       f"({self.obj.describe()}); raise time_limit_s or try another backend")
             raise InfeasibleError(self.limits_diagnosis(), closest={"limits": self.obj.limits()})
