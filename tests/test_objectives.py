@@ -228,7 +228,8 @@ def test_the_solver_free_bound_holds_and_the_priced_work_lifts_it(instance, case
     from dataclasses import replace
 
     from tangram_opt.planner.formulations.bounds import quick_lower_bound
-    from tangram_opt.planner.search.priced import PricedSearch, _cheapest_stage_usd_h, _Sub
+    from tangram_opt.planner.search.priced import PricedSearch, _Sub
+    from tangram_opt.planner.search.priced_bounds import cheapest_stage_usd_h
 
     cluster, model, cases, expected, _, _ = instance
     kw, kind = cases[case]
@@ -243,7 +244,7 @@ def test_the_solver_free_bound_holds_and_the_priced_work_lifts_it(instance, case
             continue
         bound = search.trivial_bound(_Sub(problem=p))
         assert bound <= expected[case][0] * (1 + 1e-9), (b, bound, expected[case][0])
-        plain = {"throughput": quick_lower_bound(p), "min_cost": _cheapest_stage_usd_h(p)}.get(kind)
+        plain = {"throughput": quick_lower_bound(p), "min_cost": cheapest_stage_usd_h(p)}.get(kind)
         lifted += plain is not None and bound > plain * (1 + 1e-6)
     if kind != "cost_per_token":
         assert lifted, "the priced work never lifted the bound"
@@ -255,7 +256,8 @@ def test_the_capacity_work_charges_the_dear_gpus_a_high_floor_needs(instance):
     # island at its cheapest rate, unlimited GPUs), and stays below the brute-force optimum
     from dataclasses import replace
 
-    from tangram_opt.planner.search.priced import PricedSearch, _capacity_work, _priced_work
+    from tangram_opt.planner.search.priced import PricedSearch
+    from tangram_opt.planner.search.priced_bounds import capacity_work, priced_work
 
     cluster, model, _, _, fastest, _ = instance
     ctx = PlanningContext(cluster, model, TRAINING, space=SPACE)
@@ -268,12 +270,12 @@ def test_the_capacity_work_charges_the_dear_gpus_a_high_floor_needs(instance):
         p = replace(ctx.problem(b), island_prices=search.prices, island_gpus=dict(search.island_gpus))
         if not p.candidates:
             continue
-        cap = _capacity_work(p, search.max_step_s)
+        cap = capacity_work(p, search.max_step_s)
         assert p.num_micro_batches * cap / 3600 <= best_usd_step * (1 + 1e-9)
-        assert cap >= _priced_work(p) * (1 - 1e-9)
-        lifted += cap > _priced_work(p) * 1.01
+        assert cap >= priced_work(p) * (1 - 1e-9)
+        lifted += cap > priced_work(p) * 1.01
         # a step cap no plan can meet leaves nothing to allocate: no plan, an infinite bound
-        assert _capacity_work(p, 1e-9) == math.inf
+        assert capacity_work(p, 1e-9) == math.inf
     assert lifted
 
 
