@@ -136,7 +136,10 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
                              time_limit_s=time_limit_s, threads=threads, seed=seed, rel_gap=rel_gap,
                              on_progress=on_progress, t0=t0)
     single_limit_s = time_limit_s * (tuning.MULTI_PIPELINE_SINGLE_SHARE if options.multi_pipeline else 1.0)
-    knobs = options.resolved(space.schedule, single_limit_s)
+    # sequence leaves are chosen on the whole budget: the single-pipeline search usually closes
+    # well before its share runs out on the cases that matter, and then the multi-pipeline level
+    # gets the rest (formulations/pipeline_mip.md §5, "Sequence leaves")
+    knobs = options.resolved(space.schedule, time_limit_s)
     if expert_loads is not None:
         from tangram_opt.experts import ImbalanceModel  # the placement MIPs load only when asked for
 

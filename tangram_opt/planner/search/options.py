@@ -34,8 +34,9 @@ class SearchOptions:
       (None: there);
     - ``sequence_leaves``: solve the narrowest windows per stage count with the order-exact
       sequence model (formulations/stage_sequence.py) instead of aggregated leaves split on the
-      step tail; needs windows. None: when the single-pipeline search has at least
-      ``tuning.SEQUENCE_MIN_TIME_S`` (below it the aggregated leaves reach the smaller gap);
+      step tail; needs windows. None: when the time limit (``solve``'s whole ``time_limit_s``,
+      also with the multi-pipeline level) is at least ``tuning.SEQUENCE_MIN_TIME_S`` (below it
+      the aggregated leaves reach the smaller gap);
     - ``warm_start``: start from the thorough greedy plan of every pipeline micro-batch size;
     - ``multi_pipeline``: after the single-pipeline search (then given
       ``tuning.MULTI_PIPELINE_SINGLE_SHARE`` of the time), search plans of several data-parallel
@@ -82,7 +83,7 @@ class SearchOptions:
 
     def resolved(self, schedule: str, single_time_limit_s: float) -> SearchOptions:
         """These options with every ``None`` decided for a search of pipelines with ``schedule``
-        whose single-pipeline part has ``single_time_limit_s`` seconds; refuses what that schedule
+        and a time limit of ``single_time_limit_s`` seconds (``solve`` passes its whole limit); refuses what that schedule
         cannot honour (windows, the knapsack and sequence leaves exist for 1F1B only)."""
         if schedule != "1f1b":
             for name in ("windows", "knapsack", "sequence_leaves"):

@@ -60,9 +60,10 @@ SEQUENCE_FIRST_BUDGET_S = 5.0
 #: HiGHS's sub-MIP heuristics (it may hold much better plans: find them); nearer the target, where
 #: nearly every leaf ends as a quick infeasibility proof, without (formulations/pipeline_mip.md §3b)
 SEQUENCE_HEURISTICS_SLACK = 0.05
-#: ``sequence_leaves=None`` (the default) turns them on when the single-pipeline search has at
-#: least this long: below it the aggregated leaves reach a smaller gap, above it the sequence
-#: leaves do (formulations/pipeline_mip.md §5, "Sequence leaves")
+#: ``sequence_leaves=None`` (the default) turns them on when ``solve``'s time limit is at least
+#: this long: below it the aggregated leaves reach a smaller gap, above it the sequence leaves do
+#: (formulations/pipeline_mip.md §5, "Sequence leaves"). With the multi-pipeline level too, whose
+#: single-pipeline share closes sooner with them on the communication-bound cases
 SEQUENCE_MIN_TIME_S = 50.0
 #: leaf solves run in ``threads - 1`` solver processes beside the search (HiGHS's MIP is serial);
 #: a worker's solve stops at its time limit, and the search waits this much longer for it
