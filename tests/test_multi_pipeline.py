@@ -17,7 +17,7 @@ from tangram_opt.planner.multi_pipeline import (MultiPipelineOptions, SyncStage,
                                                one_stage_templates, ring_factor, run_multi_pipeline, solve_level2,
                                                sub_cluster)
 from tangram_opt.planner.multi_pipeline import TemplatePricer as _Pricer
-from tangram_opt.planner.multi_pipeline.level2 import split_micro_batches
+from tangram_opt.planner.multi_pipeline.level2 import split_micro_batches, uniform_replicas
 from tangram_opt.planner.plan import Plan
 from tangram_opt.planner.search import SearchOptions, solve, solve_single_pipeline
 from tangram_opt.planner.space import SearchSpace
@@ -93,6 +93,27 @@ def test_level2_mip_matches_brute_force_over_the_template_space(instance, backen
     cut = solve_level2(ctx, run.templates, run.pricer, cutoff_s=single.certificate.objective_s,
                        max_pipelines=rmax, backend=backend, time_limit_s=60, rel_gap=1e-9)
     assert cut.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+
+
+def test_uniform_replicas_are_plans_of_the_template_space_with_their_best_split(instance):
+    # the level-2 warm start's replicas of one template (issue 27): every one a feasible plan of the
+    # declared space, priced exactly, never below the brute-force optimum, and its even split of the
+    # micro-batches no slower than any other split of R replicas of that template
+    _, _, training, _, _, ctx, run, best, rmax = instance
+    B, pricer = training.global_batch_size, run.pricer
+    plans = uniform_replicas(ctx, run.templates, pricer, rmax)
+    assert plans
+    for obj, pipes in plans:
+        t = pipes[0][0]
+        assert all(q is t for q, _ in pipes) and 2 <= len(pipes) <= rmax
+        assert sum(t.b * m for _, m in pipes) == B and all(1 <= m <= t.m_cap for _, m in pipes)
+        for i, g in t.gpus.items():
+            assert len(pipes) * g <= ctx.islands[i].num_gpus
+        assert obj == pricer.objective(pipes) and obj >= best.objective_s * (1 - 1e-12)
+        if len(pipes) == 2:
+            M = B // t.b
+            others = [pricer.objective([(t, a), (t, M - a)]) for a in range(1, M) if max(a, M - a) <= t.m_cap]
+            assert obj <= min(others) * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

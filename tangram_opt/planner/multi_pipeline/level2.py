@@ -39,6 +39,10 @@ class Level2Result:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: share of the level-2 time left after the root LP that the branched LP bound may use (issue 27:
+#: with 0.3 of the whole level-2 time its four zone-pattern LPs ran out of time on issue 27's
+#: two-zone case and the bound fell back to the root LP, formulations/pipeline_mip.md §5)
+BRANCHED_LP_SHARE = 0.7
 #: "optimal" means a gap within the solver's tolerance or this resolution (three level-2 ticks; the
 #: level-2 MIP counts time in ticks of about cutoff / LEVEL2_TICKS, ticks.py)
 OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
@@ -124,7 +128,8 @@ GREEDY_CHOICES = 6
 def greedy_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer,
                   max_pipelines: int) -> tuple[float, list[tuple[Template, int]]] | None:
     """A quick multi-pipeline plan (the level-2 MIP's warm start): per island, replicas of one of its
-    fastest templates filling the island; micro-batches split by :func:`split_micro_batches`."""
+    fastest templates filling the island, micro-batches split by :func:`split_micro_batches`; and
+    replicas of any one template (:func:`uniform_replicas`)."""
     B = ctx.training.global_batch_size
     rate = {t.index: t.b / max(t.min_period_s, 1e-12) for t in templates}
     per_island: list[list[tuple[float, Template, int]]] = []
@@ -155,7 +160,33 @@ def greedy_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: T
         obj = pricer.objective(pipes)
         if best is None or obj < best[0]:
             best = (obj, pipes)
+    for obj, pipes in uniform_replicas(ctx, templates, pricer, max_pipelines):
+        if best is None or obj < best[0]:
+            best = (obj, pipes)
     return best
+
+
+def uniform_replicas(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer,
+                     max_pipelines: int) -> list[tuple[float, list[tuple[Template, int]]]]:
+    """Plans of R identical replicas of one template (every template, every R = 2..max_pipelines whose
+    replicas fit the GPUs), the micro-batches split as evenly as possible (CF' grows with m, so that
+    split is the best one). They cover templates spanning islands and zones, which the per-island
+    greedy leaves out: on issue 27's two-zone case two replicas of a 6-stage cross-zone template run
+    at 9.614 s where the greedy's best (one pipeline per zone) takes 9.925 s."""
+    B = ctx.training.global_batch_size
+    out = []
+    for t in templates:
+        if B % t.b:
+            continue
+        M = B // t.b
+        fit = min([max_pipelines, M] + [ctx.islands[i].num_gpus // g for i, g in t.gpus.items()])
+        for R in range(2, fit + 1):
+            lo, extra = divmod(M, R)
+            if lo + (extra > 0) > t.m_cap:
+                continue
+            pipes = [(t, lo + 1)] * extra + [(t, lo)] * (R - extra)
+            out.append((pricer.objective(pipes), pipes))
+    return out
 
 
 def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
@@ -276,7 +307,9 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         # branch on the zone binaries (or, with one zone, on R): the minimum over the patterns of
         # their LPs bounds the MIP as well, and prices the zone link / the ring factor exactly
         patterns = _patterns(zs, y)
-        budget = max(2.0, min(10.0, 0.3 * time_limit_s))
+        # most of what is left: the pattern LPs make the bound, while the MIP after them mostly
+        # searches plans the warm start (uniform replicas included) has usually found already
+        budget = max(2.0, BRANCHED_LP_SHARE * (time_limit_s - (time.perf_counter() - t0)))
         branched = _branched_lp(md, patterns, budget)
         if branched is not None and math.isfinite(branched):
             lp_ticks = max(lp_ticks, math.ceil(branched - 1e-6 * max(1.0, abs(branched))))
@@ -489,4 +522,4 @@ def _level2_hint(pipes: Sequence[tuple[Template, int]], n: dict, v: dict, w: dic
 
 
 __all__ = ["GREEDY_CHOICES", "Level2Result", "OPTIMAL_RESOLUTION", "fluid_throughput", "greedy_level2",
-           "solve_level2", "split_micro_batches"]
+           "solve_level2", "split_micro_batches", "uniform_replicas"]
