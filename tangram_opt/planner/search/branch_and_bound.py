@@ -38,12 +38,13 @@ from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.leaves import LeafSolves
 from tangram_opt.planner.search.nodes import LeafInFlight, Node, SearchEvent, SubProblem
 from tangram_opt.planner.search.primal import PrimalHeuristics
+from tangram_opt.planner.search.splitting import WindowSplits
 from tangram_opt.solvers import SolveOptions, lp_relaxation_bound, relative_gap, solve_model
 from tangram_opt.solvers.model import LinearModel
 from tangram_opt.solvers.workers import SolverPool
 
 
-class BranchAndBound(LeafSolves, PrimalHeuristics):
+class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
     """One search: its sub-problems, queue of open nodes, incumbent and bounds, from roots to certificate.
 
     The leaf solves (leaves.py) and primal heuristics (primal.py) are methods of this class kept in
@@ -102,7 +103,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
         sub = self.subs[b]
         if sub.objective_s is None or t < sub.objective_s:
             sub.objective_s = t
-            sub.best_t_max_s = max(st.time_s for st in choices_timing(sub.problem, choices).stages)
+            stages = choices_timing(sub.problem, choices).stages
+            sub.best_t_max_s = max(st.time_s for st in stages)
+            sub.best_tail_max_s = max(st.tail_s for st in stages)
         if t < self.inc_s:
             self.inc_s, self.inc = t, (b, choices)
 
@@ -322,8 +325,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
         micro-batch size that has had the least search time so far (finds plans in every
         sub-problem, not only the one with the lowest relaxation; a size whose windows are cheap
         gets more of them), and there the best-bound window on the slowest stage time of that
-        size's best plan while one is open (a dive: that neighbourhood is split down to leaves and
-        solved, every step-tail window of it, so a heuristic plan is improved by the MIP early),
+        size's best plan while one is open (and, among those, on the tail window holding that plan's
+        largest step tail; a dive: that neighbourhood is split down to leaves and solved, so a
+        heuristic plan is improved by the MIP early),
         else the best-bound window. Primal turns start at every second node; after
         tuning.PRIMAL_IDLE_TURNS of them find no better plan they come half as often (down to one in
         tuning.PRIMAL_MAX_EVERY), and a better plan from any turn resets them; not in the restricted
@@ -332,9 +336,12 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
             return heapq.heappop(self.open)
         b = min({n.b for n in self.open}, key=lambda b: (self.spent.get(b, 0.0), b))
         mine = [n for n in self.open if n.b == b]
-        t_max = self.subs[b].best_t_max_s
+        t_max, tail = self.subs[b].best_t_max_s, self.subs[b].best_tail_max_s
         if t_max is not None:
             mine = [n for n in mine if n.lo_s * (1 - 1e-9) <= t_max <= n.hi_s * (1 + 1e-9)] or mine
+        if tail is not None:  # and, after splits on the tail, the tail window of that plan
+            mine = [n for n in mine if (n.tail_lo_s is None or n.tail_lo_s < tail * (1 + 1e-9))
+                    and tail <= n.tail_hi_s * (1 + 1e-9)] or mine
         best = min(mine, key=lambda n: n.bound_s)
         self.open.remove(best)
         heapq.heapify(self.open)
@@ -450,89 +457,6 @@ class BranchAndBound(LeafSolves, PrimalHeuristics):
             return
         sub.info["lp_bound_s"] = node.bound_s
         heapq.heappush(self.open, node)
-
-    def splittable(self, node: Node) -> bool:
-        """Wider than a leaf: on the period, then on the stage count (sequence leaves) or on the
-        largest step tail (aggregated leaves)."""
-        if node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio:
-            return True
-        if self.sequence:
-            return node.stages is None or node.stages[0] < node.stages[1]
-        return self.tail_split_point(node) is not None
-
-    def stage_range(self, node: Node) -> tuple[int, int]:
-        """Stage counts of the plans in ``node`` (pipelines of one stage are enumerated apart)."""
-        if node.stages is not None:
-            return node.stages
-        p = self.subs[node.b].problem
-        return max(2, p.min_stages), p.max_stages
-
-    def tail_split_point(self, node: Node) -> float | None:
-        """Midpoint of the node's window on the largest step tail, or None when it is narrow (or
-        when narrow windows go to sequence leaves, which price the tail exactly)."""
-        if self.sequence or not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
-            return None
-        tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
-        if not tails:
-            return None
-        lo = 0.0 if node.tail_lo_s is None else node.tail_lo_s
-        hi = min(node.tail_hi_s, max(tails))
-        if hi - lo <= tuning.TAIL_LEAF_FRACTION * self.inc_s:
-            return None
-        return 0.5 * (lo + hi)
-
-    def split(self, node: Node) -> None:
-        """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
-        wider than ``leaf_ratio``, then either on the stage count (halves of its range; with
-        sequence leaves, the default) or on the largest step tail (arithmetic midpoint; with
-        aggregated leaves). A stage range is bounded by the aggregated LP of pipelines of that many
-        stages, which is often much tighter than the window's (the cycle and Hall rows know P).
-        Restricting the tail helps the aggregated LP for the same reason restricting the time
-        does: a type outside the window cannot be used "a little", and the window's lower edge
-        forces a stage whose tail needs cover upstream (``AggregatedMIP._tail_window_rows``).
-        Time first: the period term dominates the objective."""
-        sub = self.subs[node.b]
-        hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
-        if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
-            self.close(node, self.inc_s)
-            return
-        stages = node.stages
-        if hi / max(node.lo_s, 1e-30) > self.leaf_ratio:
-            mid = math.sqrt(node.lo_s * hi)
-            windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s, stages),
-                       (mid, hi, node.tail_lo_s, node.tail_hi_s, stages)]
-        elif self.sequence:
-            first, last = self.stage_range(node)
-            if first == last:  # one stage count left (the only one, or the incumbent capped the window)
-                node.hi_s, node.stages = hi, (first, last)
-                self.solve_sequence(node)
-                return
-            half = (first + last) // 2
-            windows = [(node.lo_s, hi, None, math.inf, (first, half)),
-                       (node.lo_s, hi, None, math.inf, (half + 1, last))]
-        else:
-            theta = self.tail_split_point(node)
-            if theta is None:  # narrow in both once the incumbent capped the time window
-                node.hi_s = hi
-                self.solve_leaf(node)
-                return
-            windows = [(node.lo_s, hi, node.tail_lo_s, theta, stages), (node.lo_s, hi, theta, node.tail_hi_s, stages)]
-        same_window = self.sequence and hi == node.hi_s and isinstance(node.mip, AggregatedMIP)
-        for lo_c, hi_c, tail_lo, tail_hi, stages_c in windows:
-            parent = node.mip if (same_window and stages_c is not None and lo_c == node.lo_s
-                                  and hi_c == node.hi_s) else None
-            child = self.evaluate(sub, lo_c, hi_c, tail_lo, tail_hi, excluded=node.excluded_types, stages=stages_c,
-                                  parent=parent)
-            if child is None:
-                self.close(node, self.target_s())  # nothing in this half beats the target
-                continue
-            child.bound_s = max(child.bound_s, node.bound_s)
-            if self.pruned(child.bound_s):
-                self.close(child, child.bound_s)
-            else:
-                heapq.heappush(self.open, child)
-        self.emit(f"{self.tag(node.b)}: split {node.describe()}")
-
 
     def finish(self) -> Plan:
         ctx = self.ctx

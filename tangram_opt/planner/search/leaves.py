@@ -139,14 +139,18 @@ class LeafSolves:
         built = node.mip.options.cutoff_s if node.mip is not None else None
         if built is not None and self.inc_s < built * (1 - tuning.REBUILD_CUTOFF_GAIN):
             # the incumbent improved since this node's LP: re-bound it, fixing more stage types
-            fresh = self.evaluate(sub, node.lo_s, hi, excluded=node.excluded_types, stages=node.stages)
+            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, excluded=node.excluded_types,
+                                  stages=node.stages)
             if fresh is None or self.pruned(fresh.bound_s):
                 self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
             node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
             node.bound_s = max(node.bound_s, fresh.bound_s)
-        skip = node.excluded_types
-        types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip] for role, ts in sub.types.items()}
+        skip, tail_hi = node.excluded_types, node.tail_hi_s
+        # a tail window's upper edge holds for every stage of its plans (its lower edge, "some stage
+        # above it", is left out: the leaf then covers more than its node, which keeps it valid)
+        types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
+                 for role, ts in sub.types.items()}
         seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
                           node.lo_s, hi, integral=self.backend != "highs").build()
         if seq.empty:  # some position has no stage type left: no plan of this size beats the target

@@ -50,6 +50,8 @@ class SubProblem:
     objective_s: float | None = None
     #: the best plan's slowest stage time: the bottleneck window it lies in
     best_t_max_s: float | None = None
+    #: largest step tail of a stage of that plan (primal dives follow it into tail windows)
+    best_tail_max_s: float | None = None
     solve_time_s: float = 0.0
     types: dict[str, list[StageType]] | None = None
     info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})
