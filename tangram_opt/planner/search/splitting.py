@@ -72,7 +72,7 @@ class WindowSplits:
         span = hi_t - lo_t
         if span <= tuning.TAIL_LEAF_FRACTION * self.inc_s:
             return None
-        if span <= (self.subs[node.b].problem.num_micro_batches - 1) * (hi - node.lo_s):
+        if span <= tuning.WIDE_TAIL_FACTOR * (self.subs[node.b].problem.num_micro_batches - 1) * (hi - node.lo_s):
             return None
         return 0.5 * (lo_t + hi_t)
 

@@ -24,8 +24,10 @@ RESTRICTED_PRIMAL_GAP = 0.01
 #: that window is at most this fraction of the incumbent wide
 TAIL_LEAF_FRACTION = 0.0025
 #: split a node on its largest step tail before its period window is narrow, whenever the tail
-#: window spans more seconds of step than the period window (``BranchAndBound.wide_tail_split_point``)
+#: window spans more than WIDE_TAIL_FACTOR times the seconds of step the period window spans
+#: (``WindowSplits.wide_tail_split_point``)
 WIDE_TAIL_SPLITS = True
+WIDE_TAIL_FACTOR = 1.0
 #: a window's model is rebuilt before its MIP solve when the incumbent improved by more than this
 REBUILD_CUTOFF_GAIN = 1e-3
 #: re-solves with no-good cuts when a window's MIP answer scores worse exactly than in the model
