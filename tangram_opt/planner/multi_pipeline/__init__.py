@@ -41,8 +41,9 @@ Layer: baselines and the multi-pipeline level: sees only candidate tables (never
 gets the single-pipeline search as a ``solver`` callable instead of importing it.
 """
 
-from tangram_opt.planner.multi_pipeline.combine import (MultiPipelineRun, assemble, describe_template_space,
-                                                        run_multi_pipeline, with_multi_pipeline)
+from tangram_opt.planner.multi_pipeline.combine import (MultiPipelineRun, assemble, combine_levels,
+                                                        describe_template_space, run_multi_pipeline,
+                                                        with_multi_pipeline)
 from tangram_opt.planner.multi_pipeline.generation import SinglePipelineSolver, generate_templates, sub_cluster
 from tangram_opt.planner.multi_pipeline.level2 import Level2Result, fluid_throughput, solve_level2
 from tangram_opt.planner.multi_pipeline.options import MultiPipelineOptions
@@ -51,6 +52,6 @@ from tangram_opt.planner.multi_pipeline.sync_model import (SyncBreakdown, SyncSt
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer, one_stage_templates
 
 __all__ = ["Level2Result", "MultiPipelineOptions", "MultiPipelineRun", "SinglePipelineSolver", "SyncBreakdown",
-           "SyncStage", "Template", "TemplatePricer", "assemble", "cross_sync", "describe_template_space",
+           "SyncStage", "combine_levels", "Template", "TemplatePricer", "assemble", "cross_sync", "describe_template_space",
            "fluid_throughput", "generate_templates", "latency_steps", "one_stage_templates", "ring_factor",
            "run_multi_pipeline", "solve_level2", "sub_cluster", "with_multi_pipeline"]

@@ -103,7 +103,7 @@ def run_multi_pipeline(ctx: PlanningContext, single: Plan, *, solver: SinglePipe
     level2 = solve_level2(ctx, templates, pricer, cutoff_s=cert.objective_s, max_pipelines=opts.max_pipelines,
                           backend=backend, time_limit_s=remaining, threads=threads, seed=seed, rel_gap=rel_gap)
     run = MultiPipelineRun(templates=templates, level2=level2, pricer=pricer, log=log)
-    return _combine(ctx, single, run, opts, t0=t0, backend=backend, rel_gap=rel_gap), run
+    return combine_levels(ctx, single, run, opts, t0=t0, backend=backend, rel_gap=rel_gap), run
 
 
 def describe_template_space(ctx: PlanningContext, templates: Sequence[Template], opts: MultiPipelineOptions) -> str:
@@ -120,8 +120,11 @@ def describe_template_space(ctx: PlanningContext, templates: Sequence[Template],
                    "(docs/multi_pipeline.md)")
 
 
-def _combine(ctx: PlanningContext, single: Plan, run: MultiPipelineRun, opts: MultiPipelineOptions, *, t0: float,
-             backend: str, rel_gap: float) -> Plan:
+def combine_levels(ctx: PlanningContext, single: Plan, run: MultiPipelineRun, opts: MultiPipelineOptions, *,
+                   t0: float, backend: str, rel_gap: float) -> Plan:
+    """The better of the single-pipeline plan and the level-2 plan, with the union's certificate
+    (also after the single-pipeline search went on with a better plan or bound: the level-2 bound
+    holds for the template space whatever cutoff it was computed with, since it is capped by it)."""
     cert = single.certificate
     assert cert is not None
     lv = run.level2
@@ -157,4 +160,5 @@ def _combine(ctx: PlanningContext, single: Plan, run: MultiPipelineRun, opts: Mu
     return replace(single, certificate=new_cert)
 
 
-__all__ = ["MultiPipelineRun", "assemble", "describe_template_space", "run_multi_pipeline", "with_multi_pipeline"]
+__all__ = ["MultiPipelineRun", "assemble", "combine_levels", "describe_template_space", "run_multi_pipeline",
+           "with_multi_pipeline"]

@@ -23,7 +23,7 @@ from tangram_opt.errors import SpecError
 from tangram_opt.planner.candidates import CandidateProvider
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.islands import find_islands
-from tangram_opt.planner.multi_pipeline import with_multi_pipeline
+from tangram_opt.planner.multi_pipeline import combine_levels, run_multi_pipeline
 from tangram_opt.planner.multi_pipeline.options import MultiPipelineOptions
 from tangram_opt.planner.plan import CertificateStatus, Plan
 from tangram_opt.planner.search import tuning
@@ -153,9 +153,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
                             on_progress=on_progress, t0=t0)
     plan = search.run()
     if knobs.multi_pipeline:
-        plan = with_multi_pipeline(ctx, plan, solver=solve_single_pipeline, backend=backend, time_limit_s=time_limit_s,
-                                   t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
-                                   options=knobs.multi_pipeline_options)
+        plan = _multi_pipeline_level(ctx, search, plan, knobs, backend=backend, time_limit_s=time_limit_s, t0=t0,
+                                     threads=threads, seed=seed, rel_gap=rel_gap)
     if start is not None and start.step_time_s < plan.step_time_s:
         plan = _start_instead(plan, start, rel_gap)
     return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
@@ -197,6 +196,26 @@ def _start_instead(plan: Plan, start: Plan, rel_gap: float) -> Plan:
     notes = cert.notes + ("the plan is the start plan (solve(start=...)): nothing the search found beats it",)
     return replace(start, certificate=replace(cert, objective_s=start.step_time_s, gap=gap, status=status,
                                               notes=notes))
+
+
+def _multi_pipeline_level(ctx: PlanningContext, search: BranchAndBound, single: Plan, knobs: SearchOptions, *,
+                          backend: str, time_limit_s: float, t0: float, threads: int, seed: int,
+                          rel_gap: float) -> Plan:
+    """The multi-pipeline level after the single-pipeline search; the time it leaves over goes
+    back to the single-pipeline search (``BranchAndBound.resume``) when that level's bound is the
+    one that limits the certificate."""
+    opts = knobs.multi_pipeline_options or MultiPipelineOptions()
+    plan, run = run_multi_pipeline(ctx, single, solver=solve_single_pipeline, backend=backend,
+                                   time_limit_s=time_limit_s, t0=t0, threads=threads, seed=seed, rel_gap=rel_gap,
+                                   options=opts)
+    cert = single.certificate
+    assert cert is not None and plan.certificate is not None
+    until = tuning.RESUME_DEADLINE_SHARE * time_limit_s
+    binding = cert.bound_s is not None and cert.bound_s < run.level2.bound_s
+    if binding and cert.status != "optimal" and until - (time.perf_counter() - t0) >= tuning.RESUME_MIN_S:
+        single = search.resume(until)
+        plan = combine_levels(ctx, single, run, opts, t0=t0, backend=backend, rel_gap=rel_gap)
+    return plan
 
 
 def _solve_priced(cluster: Cluster, model: ModelSpec, training: TrainingSpec, goal: Objective, *,

@@ -207,6 +207,30 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
+        return self._search(live)
+
+    def resume(self, until_s: float) -> Plan:
+        """Search on from where :meth:`run` stopped (its open nodes, closed bounds, floors and
+        incumbent) until ``until_s`` seconds after the start; the plan with the new certificate.
+        ``solve`` gives the single-pipeline search the time the multi-pipeline level left over."""
+        self.time_limit_s = until_s
+        live = [s for s in self.subs.values() if s.problem.candidates]
+        for sub in live:
+            if sub.status == "not finished (time limit)":
+                sub.status = "open"
+        self.emit("resumed")
+        owned = None
+        if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
+            self.pool = owned = SolverPool(self.threads - 1)
+        try:
+            return self._search(live)
+        finally:
+            self.pool = None
+            if owned is not None:
+                owned.close()
+
+    def _search(self, live: list[SubProblem]) -> Plan:
+        """Branch and bound (both passes) from the open nodes until none is left or the time is up."""
         self.branch_and_bound()
         while not self.open and self.gap > self.rel_gap and self.remaining() > 1.0:
             self.next_pass(live)

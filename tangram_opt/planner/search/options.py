@@ -39,7 +39,8 @@ class SearchOptions:
       the aggregated leaves reach the smaller gap);
     - ``warm_start``: start from the thorough greedy plan of every pipeline micro-batch size;
     - ``multi_pipeline``: after the single-pipeline search (then given
-      ``tuning.MULTI_PIPELINE_SINGLE_SHARE`` of the time), search plans of several data-parallel
+      ``tuning.MULTI_PIPELINE_SINGLE_SHARE`` of the time, and what the multi-pipeline level leaves
+      over when its bound limits the certificate), search plans of several data-parallel
       pipelines (docs/multi_pipeline.md) and return the better plan; the certificate covers both;
     - ``multi_pipeline_options``: the knobs of that level (None: its defaults).
     """

@@ -75,3 +75,8 @@ SEQUENCE_MIN_TIME_S = 50.0
 WORKER_GRACE_S = 2.0
 #: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
 MULTI_PIPELINE_SINGLE_SHARE = 0.7
+#: when the multi-pipeline level ends with at least RESUME_MIN_S left before this share of
+#: ``time_limit_s`` and the single-pipeline bound limits the certificate, that search goes on
+#: (``BranchAndBound.resume``) until then
+RESUME_DEADLINE_SHARE = 0.97
+RESUME_MIN_S = 2.0
