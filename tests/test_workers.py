@@ -161,3 +161,24 @@ def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, 
     assert seen and set(seen) == {expected}
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)
+
+
+def test_a_deadline_solver_stops_an_overrunning_solve_and_starts_afresh():
+    # a deadline shorter than the worker needs to start and answer: None, the worker killed; the
+    # next solve starts a new worker and answers as this process would
+    from tangram_opt.solvers.workers import DeadlineSolver
+
+    md = knapsack_model()
+    here = solve_model(md, "highs", SolveOptions(time_limit_s=10))
+    ds = DeadlineSolver()
+    try:
+        assert ds.solve(md, "highs", SolveOptions(time_limit_s=10), hard_s=1e-3) is None
+        assert ds.worker is None
+        res = ds.solve(md, "highs", SolveOptions(time_limit_s=10), hard_s=60)
+        assert res is not None and res.objective == pytest.approx(here.objective)
+        first = ds.worker
+        assert ds.solve(md, "highs", SolveOptions(time_limit_s=10), hard_s=60) is not None
+        assert ds.worker is first  # reused between solves
+    finally:
+        ds.close()
+    assert ds.worker is None

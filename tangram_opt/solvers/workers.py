@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 
 from tangram_opt.solvers.backends import solve_model
@@ -134,6 +135,38 @@ class SolverPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DeadlineSolver:
+    """Solves one model at a time in a worker process and stops it at a hard deadline.
+
+    For the solves whose time limit a backend may overrun by minutes (HiGHS can stay inside a long
+    presolve or LP solve of a large big-M model: a 17 s limit ran 312 s on a priced MIP): the
+    caller waits ``hard_s`` at most, then kills the worker and gets None. The worker is reused
+    between solves and restarted after a kill."""
+
+    def __init__(self) -> None:
+        self.worker: SolverWorker | None = None
+
+    def solve(self, model: LinearModel, backend: str, options: SolveOptions, hard_s: float) -> SolveResult | None:
+        if self.worker is None or not self.worker.alive:
+            self.worker = SolverWorker()
+        fut = self.worker.submit(model, backend, options)
+        try:
+            return fut.result(timeout=hard_s)
+        except FutureTimeout:
+            self.worker.proc.kill()
+            self.worker.proc.wait()
+            self.worker = None
+            return None
+        except WorkerError:
+            self.worker = None
+            return None
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 def main() -> None:

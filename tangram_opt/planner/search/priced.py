@@ -45,7 +45,8 @@ from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
 from tangram_opt.planner.search.nodes import SearchEvent
 from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objective
 from tangram_opt.planner.search.priced_bounds import capacity_work, cheapest_stage_usd_h, priced_work
-from tangram_opt.solvers import SolveOptions, SolveStatus, relative_gap, solve_model
+from tangram_opt.solvers import SolveOptions, SolveStatus, relative_gap
+from tangram_opt.solvers.workers import DeadlineSolver
 from tangram_opt.specs.pricing import fill_cheapest, price_steps
 
 #: shares of the time limit for the node-selection warm start: greedy pipelines on cheapest-first
@@ -173,6 +174,7 @@ class PricedSearch:
         self.inc_step_s = math.inf
         self.events: list[SearchEvent] = []
         self.rejected = 0  # MIP solutions whose exact closed form broke a limit (relaxation slack)
+        self.deadline = DeadlineSolver()
 
     # --- values ----------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -301,9 +303,17 @@ class PricedSearch:
         started = time.perf_counter()
         mip = PositionalMIP(sub.problem, self.options_for(sub)).build()
         cutoff = self.cutoff(mip)
-        res = solve_model(mip.model, self.backend, SolveOptions(time_limit_s=max(0.5, budget_s), threads=self.threads,
-                                                                seed=self.seed, rel_gap=self.rel_gap, cutoff=cutoff))
+        limit = max(0.5, budget_s)
+        options = SolveOptions(time_limit_s=limit, threads=self.threads, seed=self.seed, rel_gap=self.rel_gap,
+                               cutoff=cutoff)
+        # in a worker process stopped at a hard deadline: HiGHS can overrun its limit by minutes here
+        res = self.deadline.solve(mip.model, self.backend, options, hard_s=limit + max(2.0, 0.25 * limit))
         sub.solve_time_s += time.perf_counter() - started
+        if res is None:
+            sub.status = "not finished (the solver overran its time limit and was stopped)"
+            sub.bound = max(sub.bound, self.trivial_bound(sub))
+            self.emit(f"b={b}: stopped at the deadline")
+            return
         target = self.target() if cutoff is not None else math.inf
         if res.values is not None:
             if not self.offer(b, mip.decode(res.values)):
@@ -343,6 +353,12 @@ class PricedSearch:
     # --- the search ------------------------------------------------------------------------
     def run(self, start: Sequence[Plan] = ()) -> Plan:
         """The search; ``start``: plans to start from (:meth:`offer_plan`)."""
+        try:
+            return self._run(start)
+        finally:
+            self.deadline.close()
+
+    def _run(self, start: Sequence[Plan]) -> Plan:
         ctx = self.ctx
         for b in ctx.pipeline_micro_batches():
             egress = link_egress_usd(ctx, b) if self.obj.kind == "cost_per_token" else {}
