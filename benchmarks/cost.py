@@ -150,8 +150,8 @@ def _money(x: dict) -> str:
 
 
 def page(rows: list[dict], skipped: list[tuple[str, str]], *, quick: bool, floors: list[float], threads: int,
-         cap_s: float | None) -> str:
-    m = machine_info()
+         cap_s: float | None, machine: dict[str, str] | None = None) -> str:
+    m = machine or machine_info()
     cmd = ("python -m benchmarks.cost" + (" --quick" if quick else "")
            + (f" --floors {','.join(f'{s:g}' for s in floors)}" if floors != DEFAULT_FLOORS else "")
            + (f" --limit {cap_s:g}" if cap_s else ""))
@@ -192,6 +192,18 @@ def page(rows: list[dict], skipped: list[tuple[str, str]], *, quick: bool, floor
     out += ["", ("**Check:** at every floor of every scenario above, the cost-optimal plan costs no more per token "
                  f"than the all-GPU plan and the cheapest-first plan ({n} of {n} floors)." if not bad else
                  "**Check failed** at: " + "; ".join(bad))]
+    ties = sum(1 for r in rows for f in r["floors"] if "error" not in f["cheapest"] and "error" not in f["optimal"]
+               and abs(f["optimal"]["usd_per_1m_tokens"] / f["cheapest"]["usd_per_1m_tokens"] - 1) < 1e-6)
+    unreached = sum(1 for r in rows for f in r["floors"] if "error" in f["cheapest"])
+    out += ["", "How to read it. Where the cheapest-first baseline and the cost-optimal plan cost the same "
+            f"({ties} floors), the cheapest GPU type alone meets the floor and both rent it; the cost-optimal "
+            "plan then says how close that is to the best plan (its gap). Where the floor needs a dearer GPU "
+            "type too, the baseline rents nodes in price order and plans them greedily; the cost-optimal plan "
+            "chooses how many of each type and how to use them. The baseline cannot reach "
+            f"{unreached} floors at all (its greedy plan on every node is slower than the floor). At 90% the "
+            "cost-optimal plan is often the all-GPU plan itself: it is passed as `start`, and nothing cheaper "
+            "was found. Gaps grow with the floor: the bound prices the GPUs a floor needs as a fluid "
+            "(formulations/pipeline_mip.md §4b, the capacity LP), not as whole stages."]
     out += ["", "Plans (GPUs used of the cluster's, idle node groups, wall time of each solve):", ""]
     for r in rows:
         a = r["all"]
@@ -240,17 +252,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--limit must be a positive number of seconds")
     if args.page_only:
         saved = json.loads(ROWS.read_text(encoding="utf-8"))
-        rows, skipped, args.quick, args.floors, args.threads, args.limit = (
+        rows, skipped, args.quick, args.floors, args.threads, args.limit, machine = (
             saved["rows"], [tuple(x) for x in saved["skipped"]], saved["quick"], saved["floors"], saved["threads"],
-            saved["limit"])
+            saved["limit"], saved.get("machine"))
     else:
         rows, skipped = run(args.quick, args.only, args.floors, args.threads, args.limit)
+        machine = machine_info()  # the run's machine, date and commit, kept for --page-only
         ROWS.parent.mkdir(parents=True, exist_ok=True)
         ROWS.write_text(json.dumps({"rows": rows, "skipped": skipped, "quick": args.quick, "floors": args.floors,
-                                    "threads": args.threads, "limit": args.limit}, indent=1), encoding="utf-8")
+                                    "threads": args.threads, "limit": args.limit, "machine": machine}, indent=1),
+                        encoding="utf-8")
     if not args.no_page:
         PAGE.write_text(page(rows, skipped, quick=args.quick, floors=args.floors, threads=args.threads,
-                             cap_s=args.limit), encoding="utf-8")
+                             cap_s=args.limit, machine=machine), encoding="utf-8")
         print(f"wrote {PAGE}")
     bad = cheaper_or_equal(rows)
     for b in bad:
