@@ -101,8 +101,9 @@ def run_scenario(sc: Scenario, floors: list[float], *, quick: bool, threads: int
         o, c = f["optimal"], f["cheapest"]
         print(f"  floor {share:.0%} ({floor:,.0f} tok/s): cheapest-first "
               + (f"${c['usd_per_1m_tokens']:.4f}/1M" if "error" not in c else c["error"][:80])
-              + ", cost-optimal " + (f"${o['usd_per_1m_tokens']:.4f}/1M ({o['tokens_per_s']:,.0f} tok/s, gap "
-                                     f"{_pct(o['gap'])}, {o['wall_s']:.0f} s)" if "error" not in o else o["error"][:80]),
+              + ", cost-optimal "
+              + (f"${o['usd_per_1m_tokens']:.4f}/1M ({o['tokens_per_s']:,.0f} tok/s, gap {_pct(o['gap'])}, "
+                 f"{o['wall_s']:.0f} s)" if "error" not in o else o["error"][:80]),
               flush=True)
         row["floors"].append(f)
     return row

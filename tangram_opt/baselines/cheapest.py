@@ -49,9 +49,11 @@ def node_order(ctx: PlanningContext, max_nodes: Mapping[str, int] | None = None)
     """Node group name of every node a plan may use (``max_nodes`` of a group, else all), cheapest
     USD per peak FLOP/s first."""
     prec = ctx.training.precision
-    ranked = sorted(enumerate(ctx.cluster.node_groups),
-                    key=lambda ig: (group_price(ctx.cluster, ig[1]).usd_per_gpu_hour / ig[1].gpu.peak_flops_per_s(prec),
-                                    ig[0]))
+
+    def usd_per_flop(g) -> float:  # type: ignore[no-untyped-def]
+        return group_price(ctx.cluster, g).usd_per_gpu_hour / g.gpu.peak_flops_per_s(prec)
+
+    ranked = sorted(enumerate(ctx.cluster.node_groups), key=lambda ig: (usd_per_flop(ig[1]), ig[0]))
     return [g.name for _, g in ranked for _ in range(min(g.num_nodes, (max_nodes or {}).get(g.name, g.num_nodes)))]
 
 
@@ -176,5 +178,5 @@ def cheapest_first(ctx: PlanningContext, *, min_tokens_per_s: float,
     return CheapestFirstResult(plan=plan, nodes=prefix(order, k), node_sets_planned=len(found))
 
 
-__all__ = ["CheapestFirstResult", "Pipelines", "cheapest_first", "fastest", "first_meeting", "greedy_on", "node_order", "plan_on", "prefix",
-           "selection_cluster", "selection_context"]
+__all__ = ["CheapestFirstResult", "Pipelines", "cheapest_first", "fastest", "first_meeting", "greedy_on", "node_order",
+           "plan_on", "prefix", "selection_cluster", "selection_context"]

@@ -333,8 +333,9 @@ class PricedSearch:
 
     def trivial_bound(self, sub: _Sub) -> float:
         """A bound without a solver: the quick step-time bound; the cheapest stage's USD/h (every
-        plan has one); their product per token; and the priced work (:func:`~tangram_opt.planner.search.priced_bounds.priced_work`, and
-        under a step cap :func:`~tangram_opt.planner.search.priced_bounds.capacity_work`) over the budget, the step cap or per token."""
+        plan has one); their product per token; and the priced work (``priced_bounds.priced_work``,
+        and under a step cap ``priced_bounds.capacity_work``) over the budget, the step cap or per
+        token."""
         p = sub.problem
         step = quick_lower_bound(p)
         work = p.num_micro_batches * priced_work(p)  # <= USD/h x step of every plan (USD/h x s)
