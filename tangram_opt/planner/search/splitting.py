@@ -40,10 +40,11 @@ class WindowSplits:
         p = self.subs[node.b].problem
         return max(2, p.min_stages), p.max_stages
 
-    def tail_split_point(self, node: Node) -> float | None:
-        """Midpoint of the node's window on the largest step tail, or None when it is narrow (or
-        when narrow windows go to sequence leaves, which price the tail exactly)."""
-        if self.sequence or not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
+    def tail_window(self, node: Node) -> tuple[float, float] | None:
+        """The node's window on the largest step tail, cut to its stage types' largest tail, or
+        None when it is narrow (``tuning.TAIL_LEAF_FRACTION`` of the incumbent's step) or cannot be
+        split (no aggregated model, no incumbent, no types)."""
+        if not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
             return None
         tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
         if not tails:
@@ -52,7 +53,13 @@ class WindowSplits:
         hi = min(node.tail_hi_s, max(tails))
         if hi - lo <= tuning.TAIL_LEAF_FRACTION * self.inc_s:
             return None
-        return 0.5 * (lo + hi)
+        return lo, hi
+
+    def tail_split_point(self, node: Node) -> float | None:
+        """Midpoint of the node's window on the largest step tail, or None when it is narrow (or
+        when narrow windows go to sequence leaves, which price the tail exactly)."""
+        window = None if self.sequence else self.tail_window(node)
+        return None if window is None else 0.5 * (window[0] + window[1])
 
     def wide_tail_split_point(self, node: Node, hi: float) -> float | None:
         """Midpoint of the node's window on the largest step tail when that window is wider, in
@@ -60,19 +67,13 @@ class WindowSplits:
         window is still split (``tuning.WIDE_TAIL_SPLITS``): where exposed gradient sync is a
         large part of the step (slow NICs), the LP prices it only through fractional "type used"
         variables, and a tail window's lower edge forces it (formulations/pipeline_mip.md §5)."""
-        if not tuning.WIDE_TAIL_SPLITS or not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
-            return None
-        if hi / max(node.lo_s, 1e-30) <= self.leaf_ratio:
+        if not tuning.WIDE_TAIL_SPLITS or hi / max(node.lo_s, 1e-30) <= self.leaf_ratio:
             return None  # narrow on the period: the leaves (or the stage-count splits) take over
-        tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
-        if not tails:
+        window = self.tail_window(node)
+        if window is None:
             return None
-        lo_t = 0.0 if node.tail_lo_s is None else node.tail_lo_s
-        hi_t = min(node.tail_hi_s, max(tails))
-        span = hi_t - lo_t
-        if span <= tuning.TAIL_LEAF_FRACTION * self.inc_s:
-            return None
-        if span <= tuning.WIDE_TAIL_FACTOR * (self.subs[node.b].problem.num_micro_batches - 1) * (hi - node.lo_s):
+        lo_t, hi_t = window
+        if hi_t - lo_t <= tuning.WIDE_TAIL_FACTOR * (self.subs[node.b].problem.num_micro_batches - 1) * (hi - node.lo_s):
             return None
         return 0.5 * (lo_t + hi_t)
 
