@@ -190,12 +190,18 @@ class PricedSearch:
         if any(n > problem.island_gpus[i] for i, n in used.items()):  # a seed beyond the node budget
             return math.inf, step, False
         usd_h = problem.usd_per_hour(choices) if problem.island_prices else 0.0
+        v, ok = self.score(usd_h, step, problem.egress_usd_per_step(choices))
+        return v, step, ok
+
+    def score(self, usd_h: float, step: float, egress_usd: float) -> tuple[float, bool]:
+        """(objective value, meets the limits) of a plan of ``usd_h`` USD/h for its GPUs, a
+        closed-form step of ``step`` s and ``egress_usd`` of cross-zone transfer per step."""
         ok = (self.max_step_s is None or step <= self.max_step_s * (1 + 1e-12)) and (
             self.obj.budget_usd_per_h is None or usd_h <= self.obj.budget_usd_per_h * (1 + 1e-12))
         kind = self.obj.kind
         v = (step if kind == "throughput" else usd_h if kind == "min_cost"
-             else (usd_h * step / u.HOUR + problem.egress_usd_per_step(choices)) / self.tokens * 1e6)
-        return v, step, ok
+             else (usd_h * step / u.HOUR + egress_usd) / self.tokens * 1e6)
+        return v, ok
 
     def offer(self, b: int, choices: list[StageChoice]) -> bool:
         sub = self.subs[b]
@@ -225,15 +231,12 @@ class PricedSearch:
         if self.obj.kind == "cost_per_token" and len(plan.pipelines) > 1 and any(
                 z.egress_usd_per_gb for z in self.ctx.cluster.zone_links):
             return False  # its cross-pipeline transfer is priced by costing.plan_cost only
-        prices = plan_prices(plan, self.ctx, self.obj.max_nodes) if self.prices else {"usd_per_hour": 0.0}
-        usd_h, step = prices["usd_per_hour"], plan.step_time_s
-        if (self.max_step_s is not None and step > self.max_step_s * (1 + 1e-12)) or (
-                self.obj.budget_usd_per_h is not None and usd_h > self.obj.budget_usd_per_h * (1 + 1e-12)):
+        prices = plan_prices(plan, self.ctx, self.obj.max_nodes) if self.prices else {}
+        v, ok = self.score(prices.get("usd_per_hour", 0.0), plan.step_time_s, prices.get("egress_usd_per_step", 0.0))
+        if not ok:
             return False
-        kind = self.obj.kind
-        v = step if kind == "throughput" else usd_h if kind == "min_cost" else prices["usd_per_1m_tokens"]
         if v < self.inc_value:
-            self.inc_value, self.inc_step_s, self.inc, self.inc_plan = v, step, None, plan
+            self.inc_value, self.inc_step_s, self.inc, self.inc_plan = v, plan.step_time_s, None, plan
         return True
 
     def target(self) -> float:
