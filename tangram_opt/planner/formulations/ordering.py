@@ -73,7 +73,7 @@ def try_order(problem: PipelineProblem, first: StageType, mids: list[StageType],
         if not feasible(order):
             continue
         stages = [StageChoice(candidate=t.candidate, layers=t.layer_dict) for t in [first, *order, last]]
-        t = _exact(problem, stages)
+        t = exact_step_s(problem, stages)
         if t < best_t:
             best, best_t = stages, t
     if best is None or (not gpipe and first.tolerance < min(P, m)):
@@ -139,13 +139,15 @@ def _interleaved_order(problem: PipelineProblem, first: StageType, mids: list[St
     return placed[::-1]
 
 
-def _exact(problem: PipelineProblem, stages: Sequence[StageChoice]) -> float:
+def exact_step_s(problem: PipelineProblem, stages: Sequence[StageChoice]) -> float:
+    """The closed-form step time of ``stages`` in pipeline order (pipeline_model.py)."""
     cands = problem.candidates
     return pipeline_timing([(cands[s.candidate], s.layers) for s in stages], problem.boundaries_s(stages),
                            problem.num_micro_batches, problem.schedule).step_time_s
 
 
-def _fits(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
+def fits_memory(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
+    """Whether every stage holds at least one layer and fits its GPUs' memory at its position."""
     cands = problem.candidates
     P, m = len(stages), problem.num_micro_batches
     for k, st in enumerate(stages):
@@ -166,7 +168,7 @@ def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int 
     blocks, links and tails interact in ways no single construction rule covers.
     """
     cur = list(stages)
-    cur_t = _exact(problem, cur)
+    cur_t = exact_step_s(problem, cur)
     evals = 0
     improved = True
     while improved and evals < max_evals:
@@ -177,10 +179,10 @@ def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int 
                     continue
                 trial = list(cur)
                 trial[a], trial[b] = trial[b], trial[a]
-                if not _fits(problem, trial):
+                if not fits_memory(problem, trial):
                     continue
                 evals += 1
-                t = _exact(problem, trial)
+                t = exact_step_s(problem, trial)
                 if t < cur_t * (1 - 1e-12):
                     cur, cur_t, improved = trial, t, True
                 if evals >= max_evals:
@@ -195,7 +197,7 @@ def polish(problem: PipelineProblem, stages: list[StageChoice], max_rounds: int 
     next, or back), so dense-first order is preserved.
     """
     cur = [StageChoice(candidate=s.candidate, layers=dict(s.layers)) for s in stages]
-    cur_t = _exact(problem, cur)
+    cur_t = exact_step_s(problem, cur)
     kinds = problem.kinds
     for _ in range(max_rounds):
         improved = False
@@ -210,9 +212,9 @@ def polish(problem: PipelineProblem, stages: list[StageChoice], max_rounds: int 
                 trial = [StageChoice(candidate=s.candidate, layers=dict(s.layers)) for s in cur]
                 trial[src].layers[kind] -= 1
                 trial[dst].layers[kind] = trial[dst].layers.get(kind, 0) + 1
-                if not _fits(problem, trial):
+                if not fits_memory(problem, trial):
                     continue
-                t = _exact(problem, trial)
+                t = exact_step_s(problem, trial)
                 if t < cur_t * (1 - 1e-12):
                     cur, cur_t, improved = trial, t, True
         if not improved:
@@ -273,9 +275,9 @@ def support_class_best(problem: PipelineProblem, mip: AggregatedMIP, values: Seq
         pool = [t for t, n in zip(mids, cnt) for _ in range(n)]
         for order in _distinct_orders(pool):
             stages = [StageChoice(candidate=t.candidate, layers=t.layer_dict) for t in [first, *order, last]]
-            if not _fits(problem, stages):
+            if not fits_memory(problem, stages):
                 continue
-            t_exact = _exact(problem, stages)
+            t_exact = exact_step_s(problem, stages)
             if t_exact < best[0]:
                 best = (t_exact, stages)
     return best
@@ -302,4 +304,4 @@ def _distinct_orders(pool: list[StageType]):  # type: ignore[no-untyped-def]
     yield from rec()
 
 
-__all__ = ["best_order", "polish", "reorder", "support_class_best", "try_order"]
+__all__ = ["best_order", "exact_step_s", "fits_memory", "polish", "reorder", "support_class_best", "try_order"]

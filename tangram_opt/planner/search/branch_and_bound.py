@@ -29,6 +29,7 @@ from tangram_opt.planner.diagnose import diagnose_infeasible
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.bounds import best_single_stage, fluid_bottleneck_s, quick_lower_bound
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
+from tangram_opt.planner.formulations.neighbourhood import CandidateTimes
 from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_types import enumerate_types
@@ -85,6 +86,10 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         self.inc_s = math.inf
         self.inc: tuple[int, list[StageChoice]] | None = None
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
+        #: the incumbent step time the neighbourhood search last started from, and each pipeline
+        #: micro-batch size's candidate time table for it (primal.py)
+        self.neighbourhood_from = math.inf
+        self.candidate_times: dict[int, CandidateTimes] = {}
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
         self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
         #: solver processes for leaf MIPs (``run`` starts them with ``threads >= 2`` and HiGHS,
@@ -106,6 +111,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
             stages = choices_timing(sub.problem, choices).stages
             sub.best_t_max_s = max(st.time_s for st in stages)
             sub.best_tail_max_s = max(st.tail_s for st in stages)
+            sub.best_choices = list(choices)
         if t < self.inc_s:
             self.inc_s, self.inc = t, (b, choices)
 
@@ -204,6 +210,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         if self.warm_start and self.given_subs is None \
                 and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
             self.restricted_primal(live)
+        self.neighbourhood_search(live)
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
@@ -285,6 +292,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 idle += 1
                 if idle >= tuning.PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, tuning.PRIMAL_MAX_EVERY), 0
+            self.improve_incumbent()
         while self.inflight and self.collect(block=True):
             pass
 

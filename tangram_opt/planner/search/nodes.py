@@ -16,7 +16,7 @@ from typing import Any
 
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.positional import PositionalMIP
-from tangram_opt.planner.formulations.problem import PipelineProblem
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.solvers import SolveOptions, relative_gap
 from tangram_opt.solvers.model import LinearModel
@@ -52,6 +52,8 @@ class SubProblem:
     best_t_max_s: float | None = None
     #: largest step tail of a stage of that plan (primal dives follow it into tail windows)
     best_tail_max_s: float | None = None
+    #: that plan's stages (the neighbourhood search starts from it)
+    best_choices: list[StageChoice] | None = None
     solve_time_s: float = 0.0
     types: dict[str, list[StageType]] | None = None
     info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})

@@ -3,7 +3,10 @@
 - :meth:`PrimalHeuristics.restricted_primal`: on large instances, the same search over a
   heuristically pruned candidate table first (its plans are real plans of the full table);
 - :meth:`PrimalHeuristics.knapsack_plans`: the layer-covering knapsack's own covers near its bound,
-  ordered for memory and neighbours and scored exactly.
+  ordered for memory and neighbours and scored exactly;
+- :meth:`PrimalHeuristics.neighbourhood_search` and :meth:`PrimalHeuristics.improve_incumbent`:
+  replace / merge / split moves from each sub-problem's best plan before the roots, and from every
+  new incumbent (formulations/neighbourhood.py).
 
 The greedy warm start (tangram_opt/baselines/greedy.py) and the diving primal turns of node
 selection (:meth:`BranchAndBound.next_node`) are the other primal parts. Nothing here touches a
@@ -20,6 +23,7 @@ from tangram_opt.errors import InfeasibleError, NoSolutionError
 from tangram_opt.planner.candidates import Candidate, HeuristicallyPruned
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
+from tangram_opt.planner.formulations.neighbourhood import CandidateTimes, improve
 from tangram_opt.planner.formulations.ordering import polish, try_order
 from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_types import StageType
@@ -148,6 +152,47 @@ class PrimalHeuristics:
                 t = choices_timing(sub.problem, choices).step_time_s
             self.offer(sub.b, choices, t)
         sub.info["knapsack_plans"] = len(ordered)
+
+    def neighbourhood_search(self, live: list[SubProblem]) -> None:
+        """Before the roots, in ``tuning.NEIGHBOURHOOD_SHARE`` of the time limit: one descent
+        from each sub-problem's best plan (the greedy's, the one-stage optimum, the restricted
+        search's), then the iterated local search with kicks on the ``NEIGHBOURHOOD_KICK_SUBS``
+        best of them, sharing what is left. A better incumbent before the roots tightens every
+        root window and the stage types' cutoff."""
+        deadline = time.perf_counter() + min(self.remaining(), tuning.NEIGHBOURHOOD_SHARE * self.time_limit_s)
+        subs = [s for s in live if s.best_choices is not None]
+        for sub in sorted(subs, key=lambda s: s.objective_s):
+            if time.perf_counter() >= deadline:
+                break
+            self.improve_plan(sub, deadline, kicks=0)
+        best = sorted(subs, key=lambda s: s.objective_s)[:tuning.NEIGHBOURHOOD_KICK_SUBS]
+        for i, sub in enumerate(best):
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            self.improve_plan(sub, now + (deadline - now) / (len(best) - i))
+        self.neighbourhood_from = self.inc_s
+
+    def improve_incumbent(self) -> None:
+        """A new incumbent (from any heuristic or leaf) is improved by the neighbourhood search for
+        ``tuning.NEIGHBOURHOOD_TURN_SHARE`` of the time limit (at least ``NEIGHBOURHOOD_TURN_MIN_S``)."""
+        if self.inc is None or self.inc_s >= self.neighbourhood_from:
+            return
+        budget = min(self.remaining(), max(tuning.NEIGHBOURHOOD_TURN_MIN_S,
+                                           tuning.NEIGHBOURHOOD_TURN_SHARE * self.time_limit_s))
+        self.improve_plan(self.subs[self.inc[0]], time.perf_counter() + budget)
+        self.neighbourhood_from = self.inc_s
+
+    def improve_plan(self, sub: SubProblem, deadline: float, kicks: int | None = None) -> None:
+        """Offer the best plan the neighbourhood search reaches from ``sub``'s best plan by ``deadline``
+        (at most ``kicks`` kicks when given: 0 is one descent)."""
+        if sub.best_choices is None:
+            return
+        table = self.candidate_times.get(sub.b)
+        if table is None:
+            table = self.candidate_times[sub.b] = CandidateTimes(sub.problem)
+        choices, t = improve(sub.problem, sub.best_choices, deadline, table, seed=self.seed, kicks=kicks)
+        self.offer(sub.b, choices, t)
 
 
 __all__ = ["PrimalHeuristics"]

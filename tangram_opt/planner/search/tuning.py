@@ -46,6 +46,14 @@ KNAPSACK_PLAN_CAPS = 12
 KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
 KNAPSACK_PLAN_MIN_S = 0.2
 KNAPSACK_PLAN_SHARE = 0.02
+#: the neighbourhood search (formulations/neighbourhood.py): this share of the time limit on the
+#: sub-problems' best plans before the roots (a descent from each, then kicks on the
+#: NEIGHBOURHOOD_KICK_SUBS best), and on every new incumbent this share (at least
+#: NEIGHBOURHOOD_TURN_MIN_S seconds)
+NEIGHBOURHOOD_SHARE = 0.05
+NEIGHBOURHOOD_KICK_SUBS = 3
+NEIGHBOURHOOD_TURN_SHARE = 0.005
+NEIGHBOURHOOD_TURN_MIN_S = 0.2
 #: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
 PRIMAL_IDLE_TURNS = 8
 PRIMAL_MAX_EVERY = 8
