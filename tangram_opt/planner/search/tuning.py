@@ -50,8 +50,8 @@ KNAPSACK_PLAN_SHARE = 0.02
 #: sub-problems' best plans before the roots (a descent from each, then kicks on the
 #: NEIGHBOURHOOD_KICK_SUBS best), and on every new incumbent this share (at least
 #: NEIGHBOURHOOD_TURN_MIN_S seconds)
-NEIGHBOURHOOD_SHARE = 0.05
-NEIGHBOURHOOD_KICK_SUBS = 3
+NEIGHBOURHOOD_SHARE = 0.06
+NEIGHBOURHOOD_KICK_SUBS = 5
 NEIGHBOURHOOD_TURN_SHARE = 0.005
 NEIGHBOURHOOD_TURN_MIN_S = 0.2
 #: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
