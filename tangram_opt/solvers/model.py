@@ -88,18 +88,37 @@ class LinExpr:
             self.coefs[var.index] = self.coefs.get(var.index, 0.0) + coef
         return self
 
+    @staticmethod
+    def terms(pairs: Iterable[tuple[Var, Number]]) -> LinExpr:
+        """``sum(coef * var)`` over distinct variables, in one pass: the rows over every stage type
+        of a model sum thousands of terms, and ``coef * var`` would make an expression of each."""
+        return LinExpr({var.index: float(coef) for var, coef in pairs})
+
     def __add__(self, other: object) -> LinExpr:
         o = LinExpr.of(other)
         out = self.copy()
-        for i, c in o.coefs.items():
-            out.coefs[i] = out.coefs.get(i, 0.0) + c
+        coefs, theirs = out.coefs, o.coefs
+        # the rows of a model add expressions over thousands of columns that mostly share none:
+        # the shared ones are updated in place, the others appended in one comprehension
+        for i in coefs.keys() & theirs.keys():
+            coefs[i] += theirs[i]
+        coefs.update({i: 0.0 + c for i, c in theirs.items() if i not in coefs})
         out.const += o.const
         return out
 
     __radd__ = __add__
 
     def __sub__(self, other: object) -> LinExpr:
-        return self + LinExpr.of(other) * -1
+        # as __add__; the same numbers as ``self + other * -1`` (negation is exact), without
+        # scaling a copy first
+        o = LinExpr.of(other)
+        out = self.copy()
+        coefs, theirs = out.coefs, o.coefs
+        for i in coefs.keys() & theirs.keys():
+            coefs[i] -= theirs[i]
+        coefs.update({i: 0.0 - c for i, c in theirs.items() if i not in coefs})
+        out.const -= o.const
+        return out
 
     def __rsub__(self, other: object) -> LinExpr:
         return self * -1 + other
