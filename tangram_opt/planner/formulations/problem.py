@@ -53,6 +53,9 @@ class PipelineProblem:
     #: per island: which kinds of path (scale-up or not) touch it, and their smallest latency
     _path_kinds: dict[int, tuple[bool, ...]] = field(init=False, repr=False, compare=False)
     _latency_lo: dict[int, float] = field(init=False, repr=False, compare=False)
+    #: candidate index -> ``link_floor_s``, filled on first use: every window's model reads it for
+    #: each stage type of the candidate, and the windows of a sub-problem share its problem
+    _link_floor: dict[int, float] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         lo_side: dict[tuple[int, bool], float] = {}
@@ -115,6 +118,15 @@ class PipelineProblem:
     def latency_lo_s(self, island: int) -> float:
         """The smallest latency of any path from or to ``island``."""
         return self._latency_lo.get(island, 0.0)
+
+    def link_floor_s(self, ci: int) -> float:
+        """A lower bound on every link of a stage of candidate ``ci``: its island's smallest latency
+        plus its own side (a boundary takes at least either side's time)."""
+        floor = self._link_floor.get(ci)
+        if floor is None:
+            c = self.candidates[ci]
+            floor = self._link_floor[ci] = self.latency_lo_s(c.island) + self.side_bounds_s(c)[0]
+        return floor
 
 
 @dataclass(slots=True, kw_only=True)
