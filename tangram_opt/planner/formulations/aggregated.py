@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from tangram_opt.planner.formulations.aggregated_rows import OrderRows, total_T_expr
+from tangram_opt.planner.formulations.aggregated_rows import OrderRows, StageArrays, total_T_expr
 from tangram_opt.planner.formulations.ordering import best_order
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType, enumerate_types
@@ -105,9 +105,16 @@ class AggregatedMIP(OrderRows):
         big_t = ce(o.cutoff_s) + 1 if o.cutoff_s else 2**40
         tl = fl(self.lower_tmax_s)
 
+        # what the rows read of each type, per role: most row families go over every column, so
+        # these are looked up (and rounded) once, into lists of numbers rather than an object per
+        # column, which the garbage collector would scan with the model
+        island = {r: [cands[t.candidate].island for t in ts] for r, ts in self.types.items()}
+        gpus = {r: [cands[t.candidate].gpus for t in ts] for r, ts in self.types.items()}
+        time = {r: [fl(t.time_s) for t in ts] for r, ts in self.types.items()}  # forward + backward
+
+        main_layers = p.layers[p.kinds[-1]]
         for si, t in enumerate(mids):
-            c = cands[t.candidate]
-            ub = min(p.island_gpus[c.island] // c.gpus, p.layers[p.kinds[-1]] // max(1, t.num_layers), R - 2)
+            ub = min(p.island_gpus[island["mid"][si]] // gpus["mid"][si], main_layers // max(1, t.num_layers), R - 2)
             if not gpipe and t.tolerance < m:
                 ub = min(ub, t.tolerance - 1)
             if ub < 1:
@@ -127,25 +134,24 @@ class AggregatedMIP(OrderRows):
         md.add(lsum(self.h.values()) == 1, "one_last")
         n_mid = lsum(self.n.values())
 
+        columns = (("mid", self.n), ("first", self.e), ("last", self.h))  # the order of most rows
+        by_use = (("first", self.e), ("last", self.h), ("mid", self.o))  # "type used" binaries, per-type rows
+
+        per_kind = {k: LinExpr() for k in p.kinds}
+        for role, group in columns:
+            for si, var in group.items():
+                for k, count in self.types[role][si].layers:
+                    per_kind[k].add_term(var, count)
         for k in p.kinds:
-            expr = LinExpr()
-            for si, var in self.n.items():
-                expr.add_term(var, mids[si].layer_dict.get(k, 0))
-            for si, var in self.e.items():
-                expr.add_term(var, firsts[si].layer_dict.get(k, 0))
-            for si, var in self.h.items():
-                expr.add_term(var, lasts[si].layer_dict.get(k, 0))
-            md.add(expr == p.layers[k], f"layers[{k}]")
+            md.add(per_kind[k] == p.layers[k], f"layers[{k}]")
 
         islands = sorted(p.island_gpus)
+        gpus_on = {i: LinExpr() for i in islands}
+        for role, group in columns:
+            for si, var in group.items():
+                gpus_on[island[role][si]].add_term(var, gpus[role][si])
         for i in islands:
-            expr = LinExpr()
-            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
-                for si, var in group.items():
-                    c = cands[tys[si].candidate]
-                    if c.island == i:
-                        expr.add_term(var, c.gpus)
-            md.add(expr <= p.island_gpus[i], f"gpus[{i}]")
+            md.add(gpus_on[i] <= p.island_gpus[i], f"gpus[{i}]")
 
         # positions: P = 2 + n_mid <= R; memory by Hall's condition; first stage at distance P - 1
         md.add(n_mid <= R - 2, "max_stages")
@@ -177,27 +183,25 @@ class AggregatedMIP(OrderRows):
         else:
             Tmax = self.aux["Tmax"] = md.add_var("Tmax", tl, ce(hi) if math.isfinite(hi) else big_t, integer=True)
             for si, ov in self.o.items():
-                if fl(mids[si].time_s) > tl:
-                    md.add(Constraint({Tmax.index: 1.0, ov.index: -float(fl(mids[si].time_s))}, 0.0, math.inf),
+                if time["mid"][si] > tl:
+                    md.add(Constraint({Tmax.index: 1.0, ov.index: -float(time["mid"][si])}, 0.0, math.inf),
                            f"Tmax[{si}]")  # Tmax >= T_s o_s
-            for group, tys, nm in ((self.e, firsts, "first"), (self.h, lasts, "last")):
-                md.add(Tmax >= lsum(fl(tys[si].time_s) * var for si, var in group.items()), f"Tmax_{nm}")
+            for role, group in columns[1:]:
+                md.add(Tmax >= LinExpr.terms((var, time[role][si]) for si, var in group.items()), f"Tmax_{role}")
             bottleneck = LinExpr.of(Tmax)
         if not gpipe and o.mccormick_cuts:
             # per candidate c: every stage using c takes at most Tmax, so sum_stages T <= Tmax * N_c.
             # McCormick over Tmax in [tl, inf) and N_c in [0, U_c] linearizes the product:
-            # sum_stages T <= tl * N_c + U_c * (Tmax - tl)
-            per_cand: dict[int, LinExpr] = {}
-            count: dict[int, LinExpr] = {}
-            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
+            # sum_stages T <= tl * N_c + U_c * (Tmax - tl), i.e. sum_stages (T - tl) - U_c Tmax <= -U_c tl
+            per_cand: dict[int, dict[int, float]] = {}
+            for role, group in columns:
                 for si, var in group.items():
-                    ci = tys[si].candidate
-                    per_cand.setdefault(ci, LinExpr()).add_term(var, fl(tys[si].time_s))
-                    count.setdefault(ci, LinExpr()).add_term(var, 1)
-            for ci, expr in per_cand.items():
+                    per_cand.setdefault(self.types[role][si].candidate, {})[var.index] = float(time[role][si] - tl)
+            for ci, row in per_cand.items():
                 c = cands[ci]
                 u_c = min(p.island_gpus[c.island] // c.gpus, R)
-                md.add(expr <= tl * count[ci] + u_c * (Tmax - tl), f"mccormick[{ci}]")
+                row[Tmax.index] = float(-u_c)
+                md.add(Constraint(row, -math.inf, float(-u_c * tl)), f"mccormick[{ci}]")
         c_min = fl(min(p.link_lo_s.values()))
         # Smax: the steady period per micro-batch; the window [lo, hi] applies to it (Tmax <= Smax)
         Smax = self.aux["Smax"] = md.add_var("Smax", max(tl, c_min) if not gpipe else c_min,
@@ -205,32 +209,26 @@ class AggregatedMIP(OrderRows):
         md.add(Smax >= bottleneck, "Smax")
 
         if o.fluid_cuts:
+            work_on = {i: LinExpr() for i in islands}
+            for role, group in columns:
+                for si, var in group.items():
+                    work_on[island[role][si]].add_term(var, gpus[role][si] * time[role][si])
             for i in islands:
-                expr = LinExpr()
-                for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
-                    for si, var in group.items():
-                        t = tys[si]
-                        c = cands[t.candidate]
-                        if c.island == i:
-                            expr.add_term(var, c.gpus * fl(t.time_s))
-                md.add(expr <= p.island_gpus[i] * Smax, f"fluid[{i}]")
+                md.add(work_on[i] <= p.island_gpus[i] * Smax, f"fluid[{i}]")
 
         # p2p: a[i, j] counts pipeline boundaries from a stage on island i to one on island j. Every
         # stage but the last sends once and every stage but the first receives once, so for any
         # order of the chosen stages the true counts satisfy these degree equations; total p2p time
         # is then exactly sum c_ij a_ij (a relaxation only in that the path itself is not enforced).
-        isl_of = lambda tys, si: cands[tys[si].candidate].island  # noqa: E731
         on_island = {i: LinExpr() for i in islands}
         first_on = {i: LinExpr() for i in islands}
         last_on = {i: LinExpr() for i in islands}
-        for group, tys in ((self.e, firsts), (self.n, mids), (self.h, lasts)):
+        for role, group, end_on in (("first", self.e, first_on), ("mid", self.n, None), ("last", self.h, last_on)):
             for si, var in group.items():
-                i = isl_of(tys, si)
+                i = island[role][si]
                 on_island[i].add_term(var, 1)
-                if group is self.e:
-                    first_on[i].add_term(var, 1)
-                if group is self.h:
-                    last_on[i].add_term(var, 1)
+                if end_on is not None:
+                    end_on[i].add_term(var, 1)
         self.a = {(i, j): md.add_var(f"a[{i},{j}]", 0, R, integer=True) for i in islands for j in islands}
         for i in islands:
             md.add(lsum(self.a[i, j] for j in islands) == on_island[i] - last_on[i], f"out[{i}]")
@@ -262,10 +260,13 @@ class AggregatedMIP(OrderRows):
         Cm = self.aux["Cm"] = md.add_var("Cm", 0, big_t, integer=True)
         md.add(Cm >= lsum(fl(p.link_lo_s[i, j]) * self.a[i, j] for i in islands for j in islands), "comm")
         latency = lsum(fl(p.links[i, j].latency_s) * self.a[i, j] for i in islands for j in islands)
-        side_lo = lambda tys, si: fl(p.side_bounds_s(cands[tys[si].candidate])[0])  # noqa: E731
-        mid_sides = lsum(side_lo(mids, si) * var for si, var in self.n.items())
-        md.add(Cm >= latency + lsum(side_lo(firsts, si) * var for si, var in self.e.items()) + mid_sides, "comm_send")
-        md.add(Cm >= latency + lsum(side_lo(lasts, si) * var for si, var in self.h.items()) + mid_sides, "comm_recv")
+        used_cands = {self.types[role][si].candidate for role, group in columns for si in group}
+        side_lo = {ci: fl(p.side_bounds_s(cands[ci])[0]) for ci in used_cands}
+        sides = lambda role, group: LinExpr.terms((var, side_lo[self.types[role][si].candidate])  # noqa: E731
+                                                  for si, var in group.items())
+        mid_sides = sides(*columns[0])
+        md.add(Cm >= latency + sides(*columns[1]) + mid_sides, "comm_send")
+        md.add(Cm >= latency + sides(*columns[2]) + mid_sides, "comm_recv")
         sent_ub = Cm + n_mid + 1  # P - 1 boundaries
         # a link used at all bounds the period (each direction carries one transfer per micro-batch),
         # and so does the block of the two stages it joins: 2 Smax >= T_a + T_b + 2 c_ij, with
@@ -273,14 +274,17 @@ class AggregatedMIP(OrderRows):
         tmin: dict[int, Var] = {}
         if not gpipe and m > 2 and math.isfinite(hi):
             big_s = ce(hi)
+            used_on: dict[tuple[int, str], list[int]] = {}  # (island, role) -> its types with a column
+            for role, group in by_use:
+                for si in group:
+                    used_on.setdefault((island[role][si], role), []).append(si)
             for i in islands:
                 tv = tmin[i] = self.aux[f"tmin[{i}]"] = md.add_var(f"tmin[{i}]", 0, big_s, integer=True)
-                for role, group, tys in (("first", self.e, firsts), ("last", self.h, lasts), ("mid", self.o, mids)):
-                    for si, var in group.items():
-                        if isl_of(tys, si) == i:
-                            # tmin[i] <= T_s + big (1 - used_s)
-                            md.add(Constraint({tv.index: 1.0, var.index: float(big_s)}, -math.inf,
-                                              float(fl(tys[si].time_s) + big_s)), f"tmin_def[{i},{role}{si}]")
+                for role, group in by_use:
+                    for si in used_on.get((i, role), ()):
+                        # tmin[i] <= T_s + big (1 - used_s)
+                        md.add(Constraint({tv.index: 1.0, group[si].index: float(big_s)}, -math.inf,
+                                          float(time[role][si] + big_s)), f"tmin_def[{i},{role}{si}]")
         for (i, j), av in self.a.items():
             cij = fl(p.link_lo_s[i, j])
             pair = bool(tmin) and 2 * cij > tl
@@ -296,9 +300,10 @@ class AggregatedMIP(OrderRows):
                         md.add(2 * Smax >= tmin[i] + tmin[j] + 2 * cij - 3 * ce(hi) * (1 - wv), f"link_block[{i},{j}]")
         # every stage has a boundary, at least its island's smallest latency plus its own side: a
         # stage type whose link alone exceeds the period's lower end bounds the period when used
-        for role, group, tys in (("first", self.e, firsts), ("last", self.h, lasts), ("mid", self.o, mids)):
+        own_floor = {ci: fl(p.link_floor_s(ci)) for ci in used_cands}
+        for role, group in by_use:
             for si, var in group.items():
-                c_own = fl(self._link_floor_s(tys[si]))
+                c_own = own_floor[self.types[role][si].candidate]
                 if c_own <= (tl if not gpipe else 0):
                     continue
                 if gpipe:
@@ -328,58 +333,62 @@ class AggregatedMIP(OrderRows):
             # are {w > theta} with w = T + cmin_i (cmin_i: the cheapest link touching the stage's
             # island) and theta >= hi, which makes them pairwise incompatible since c_ab >= cmin.
             cmin, cpair = self._link_minima()
-            entries: list[tuple[float, float, int, int, Var]] = []  # (w, T, island, ends, var)
-            for group, tys in ((self.n, mids), (self.e, firsts), (self.h, lasts)):
-                ends = 0 if group is self.n else 1
+            w, t_s, isl, ends, col = [], [], [], [], []
+            for role, group in columns:
                 for si, var in group.items():
-                    i = isl_of(tys, si)
-                    entries.append((tys[si].time_s + max(cmin[i], self._link_floor_s(tys[si])), tys[si].time_s, i,
-                                    ends, var))
-            heavy_w = sorted({w for w, *_ in entries if w > hi * (1 + 1e-9)})
+                    t, i = self.types[role][si], island[role][si]
+                    w.append(t.time_s + max(cmin[i], p.link_floor_s(t.candidate)))
+                    t_s.append(t.time_s)
+                    isl.append(i)
+                    ends.append(0 if role == "mid" else 1)
+                    col.append(var.index)
+            st = StageArrays.of(islands, w, t_s, isl, ends, col)
+            heavy_w = sorted(set(st.w[st.w > hi * (1 + 1e-9)].tolist()))
             thetas = [hi] + heavy_w[:-1][::max(1, len(heavy_w) // NEIGHBOUR_THRESHOLDS)]
             slack = 2 * hi * 1e-9
             for q, theta in enumerate(thetas):
-                heavy = [e_ for e_ in entries if e_[0] > theta * (1 + 1e-9)]
-                if not heavy:
+                above = theta * (1 + 1e-9)
+                heavy = st.w > above
+                if not heavy.any():
                     continue
-                t_min = {}  # fastest heavy stage per island: compatibility with H is compatibility with it
-                for _, t, i, _, _ in heavy:
-                    t_min[i] = min(t, t_min.get(i, math.inf))
+                # fastest heavy stage per island: compatibility with H is compatibility with it
+                t_min = {i: float(st.t[heavy & on].min()) for i, on in st.on.items() if (heavy & on).any()}
                 limit, sandwich = self._compatible_limits(t_min, cpair)
-                light = [e_ for e_ in entries if e_[0] <= theta * (1 + 1e-9) and e_[1] <= limit[e_[2]]]
-                self._neighbour_row(md, entries, heavy, light, sandwich, f"neighbours[{q}]", cpair, hi + slack / 2)
+                near = ~heavy & (st.t <= st.per_island(limit))
+                medium = ~heavy & ~near if o.order_rows else None
+                self._neighbour_row(md, st, heavy, near, medium, sandwich, f"neighbours[{q}]", cpair, hi + slack / 2)
                 if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
                     continue
                 # any subset of H is pairwise incompatible too: the heavy stages of one island i
                 # (w = T + c_ii there) and the stages compatible with its fastest one, which
                 # leaves out the stages only some other island's heavy stages could neighbour
                 for i in islands:
-                    inside = [e_[2] == i and e_[1] + p.link_lo_s[i, i] > theta * (1 + 1e-9) for e_ in entries]
-                    heavy_i = [e_ for e_, h in zip(entries, inside) if h]
-                    if not heavy_i:
+                    heavy_i = st.on[i] & (st.t + p.link_lo_s[i, i] > above)
+                    if not heavy_i.any():
                         continue
-                    tm = min(e_[1] for e_ in heavy_i)
-                    light_i = [e_ for e_, h in zip(entries, inside)
-                               if not h and tm + e_[1] + 2 * cpair[i, e_[2]] <= 2 * hi + slack]
+                    tm = float(st.t[heavy_i].min())
+                    two_c = st.per_island({j: 2 * cpair[i, j] for j in islands})
+                    near_i = ~heavy_i & (tm + st.t + two_c <= 2 * hi + slack)
+                    medium_i = ~heavy_i & ~near_i if o.order_rows else None
                     sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
-                    self._neighbour_row(md, entries, heavy_i, light_i, sandwich_i if m > 3 else None,
+                    self._neighbour_row(md, st, heavy_i, near_i, medium_i, sandwich_i if m > 3 else None,
                                         f"neighbours[{q},{i}]", cpair, hi + slack / 2)
         # a lower bound on the link out of a stage of each candidate used (ticks)
         out_min = {i: fl(min(p.link_lo_s[i, j] for j in islands)) for i in islands}
-        out_lo = {t.candidate: max(out_min[cands[t.candidate].island], fl(self._link_floor_s(t)))
-                  for ts in self.types.values() for t in ts}
+        out_lo = {ci: max(out_min[cands[ci].island], fl(p.link_floor_s(ci)))
+                  for ci in {t.candidate for ts in self.types.values() for t in ts}}
 
         # step tail: Y >= tail_k - (backward + p2p time upstream of stage k). The first stage has
         # nothing upstream; for any other stage the upstream time is at most every stage's
         # backward except its own and the last stage's, plus every link at its slowest. Backward
         # and link times are rounded up, so each constraint is a valid lower bound on the exact Y.
         Y = self.aux["Y"] = md.add_var("Y", 0, big_t, integer=True)
-        first_bwd = lsum(ce(firsts[si].bwd_s) * var for si, var in self.e.items())
-        mid_bwd = lsum(ce(mids[si].bwd_s) * var for si, var in self.n.items())
-        md.add(Y >= lsum(fl(firsts[si].tail_s) * var for si, var in self.e.items()), "tail_first")
+        first_bwd = LinExpr.terms((var, ce(firsts[si].bwd_s)) for si, var in self.e.items())
+        mid_bwd = LinExpr.terms((var, ce(mids[si].bwd_s)) for si, var in self.n.items())
+        md.add(Y >= LinExpr.terms((var, fl(firsts[si].tail_s)) for si, var in self.e.items()), "tail_first")
         U = self.aux["U"] = md.add_var("U", 0, big_t, integer=True)  # upper bound on any upstream time
         md.add(U == first_bwd + mid_bwd + sent_ub, "upstream")
-        md.add(Y >= lsum(fl(lasts[si].tail_s) * var for si, var in self.h.items()) - U, "tail_last")
+        md.add(Y >= LinExpr.terms((var, fl(lasts[si].tail_s)) for si, var in self.h.items()) - U, "tail_last")
         for si, ov in self.o.items():
             t = mids[si]
             if fl(t.tail_s) > 0:

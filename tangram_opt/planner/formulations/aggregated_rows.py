@@ -11,14 +11,51 @@ as methods of the model class, which builds them from its own variables.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tangram_opt.planner.formulations.stage_types import StageType
+import numpy as np
+
 from tangram_opt.planner.formulations.ticks import rounders
-from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var, lsum
+from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class StageArrays:
+    """A window's columns as the neighbour rows read them, one array entry per column (middle types,
+    then first, then last): ``w`` (time plus the cheapest link it can have), ``t`` (time), ``island``,
+    ``ends`` (1 for an end stage, which has one neighbour) and ``col`` (the column's index). The rows
+    split the columns by thresholds once per (theta, island); boolean masks over these arrays do it
+    in one pass each, and keep the columns in order."""
+
+    w: np.ndarray
+    t: np.ndarray
+    island: np.ndarray
+    ends: np.ndarray
+    col: np.ndarray
+    #: island -> mask of its columns
+    on: dict[int, np.ndarray]
+    #: position of each column's island in ``islands`` (per_island's lookup)
+    _pos: np.ndarray
+    _islands: tuple[int, ...]
+
+    @staticmethod
+    def of(islands: Sequence[int], w: list[float], t: list[float], island: list[int], ends: list[int],
+           col: list[int]) -> StageArrays:
+        isl = np.array(island, dtype=np.int64)
+        pos = np.searchsorted(np.array(islands, dtype=np.int64), isl)
+        return StageArrays(w=np.array(w, dtype=float), t=np.array(t, dtype=float), island=isl,
+                           ends=np.array(ends, dtype=np.int64), col=np.array(col, dtype=np.int64),
+                           on={i: isl == i for i in islands}, _pos=pos, _islands=tuple(islands))
+
+    def per_island(self, values: dict[int, float]) -> np.ndarray:
+        """``values[island]`` of every column."""
+        return np.array([values[i] for i in self._islands], dtype=float)[self._pos]
 
 
 class OrderRows:
@@ -42,20 +79,27 @@ class OrderRows:
         cands = p.candidates
         Smax, Cm = self.aux["Smax"], self.aux["Cm"]
         lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
-        n_mid = lsum(self.n.values())
+        mid_cols = list(self.n.values())
+
+        def over(t: int, stages: int, k: int) -> LinExpr:
+            """``t (stages + n_mid) + k Smax - k t + relax``: McCormick's over-estimator of ``Smax * P``
+            built as one expression (the rows have a column per middle type, and operators would
+            copy it at each step)."""
+            out = LinExpr({var.index: float(t) for var in mid_cols}, t * (stages - k))
+            out.coefs[Smax.index] = float(k)
+            return out + relax
+
         round_trip = total_T_expr(self, fl) + 2 * Cm
-        md.add(hi_t * (2 + n_mid) + first * Smax - first * hi_t + relax >= round_trip, f"cycle_hi{tag}")
-        md.add(lo_t * (2 + n_mid) + last * Smax - last * lo_t + relax >= round_trip, f"cycle_lo{tag}")
+        md.add(over(hi_t, 2, first) >= round_trip, f"cycle_hi{tag}")
+        md.add(over(lo_t, 2, last) >= round_trip, f"cycle_lo{tag}")
         c_out = {i: ce(max(p.link_hi_s[i, j] for j in islands)) for i in islands}
         c_in = {i: ce(max(p.link_hi_s[j, i] for j in islands)) for i in islands}
         for end, group, tys, link in (("first", self.e, self.types["first"], c_out),
                                       ("last", self.h, self.types["last"], c_in)):
-            trimmed = round_trip - lsum((ce(tys[si].time_s) + 2 * link[cands[tys[si].candidate].island]) * var
-                                        for si, var in group.items())
-            md.add(hi_t * (1 + n_mid) + (first - 1) * Smax - (first - 1) * hi_t + relax >= trimmed,
-                   f"cycle_{end}_hi{tag}")
-            md.add(lo_t * (1 + n_mid) + (last - 1) * Smax - (last - 1) * lo_t + relax >= trimmed,
-                   f"cycle_{end}_lo{tag}")
+            trimmed = round_trip - LinExpr.terms((var, ce(tys[si].time_s) + 2 * link[cands[tys[si].candidate].island])
+                                                 for si, var in group.items())
+            md.add(over(hi_t, 1, first - 1) >= trimmed, f"cycle_{end}_hi{tag}")
+            md.add(over(lo_t, 1, last - 1) >= trimmed, f"cycle_{end}_lo{tag}")
 
     def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
         """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
@@ -64,13 +108,6 @@ class OrderRows:
         islands = sorted(p.island_gpus)
         cpair = {(i, j): min(p.link_lo_s[i, j], p.link_lo_s[j, i]) for i in islands for j in islands}
         return {i: min(cpair[i, j] for j in islands) for i in islands}, cpair
-
-    def _link_floor_s(self, t: StageType) -> float:
-        """A lower bound on every link of a stage of type ``t``: its island's smallest latency plus
-        its own side (a boundary takes at least either side's time)."""
-        p = self.problem
-        c = p.candidates[t.candidate]
-        return p.latency_lo_s(c.island) + p.side_bounds_s(c)[0]
 
     def _compatible_limits(self, t_min: dict[int, float], cpair: dict[tuple[int, int], float]
                            ) -> tuple[dict[int, float], dict[int, float] | None]:
@@ -88,14 +125,15 @@ class OrderRows:
                            for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
         return limit, sandwich
 
-    def _neighbour_row(self, md: LinearModel, entries: list, heavy: list, light: list,  # type: ignore[type-arg]
-                       sandwich: dict[int, float] | None, name: str, cpair: dict[tuple[int, int], float],
-                       hi: float) -> None:
-        """Edges between H and L(H) counted from both sides over entries (w, T, island, ends, var):
+    def _neighbour_row(self, md: LinearModel, st: StageArrays, heavy: np.ndarray, light: np.ndarray,
+                       medium: np.ndarray | None, sandwich: dict[int, float] | None, name: str,
+                       cpair: dict[tuple[int, int], float], hi: float) -> None:
+        """Edges between H and L(H) (masks over the columns ``st``) counted from both sides:
         2 n_H + e_H + h_H <= sum over L of (2 n + e + h), a middle stage of L counting once only
         when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages).
 
-        The other stages (set M: neither in H nor compatible with any of it) have all their
+        The other stages (set M, ``medium``: neither in H nor compatible with any of it; None
+        without ``order_rows``) have all their
         neighbours outside H. A maximal run of M stages on the path that does not hold an end of
         the path has two boundary edges, both into L (one if it holds an end). So when some M
         stage exists (binary ``medium``), L's edges feed H and at least one run. An end stage of M
@@ -104,36 +142,37 @@ class OrderRows:
         ``medium`` counting middle stages of M only."""
         # dense rows (every type of the window): coefficient dicts built directly, not through
         # LinExpr arithmetic, which copies them at every operation
-        row = {var.index: 2.0 - ends for _, _, _, ends, var in heavy}
-        full = dict(row)
-        for _, t, j, ends, var in light:
-            row[var.index] = -1.0 if ends or (sandwich is not None and t > sandwich[j]) else -2.0
-            full[var.index] = -1.0 if ends else -2.0
+        row = dict(zip(st.col[heavy].tolist(), (2.0 - st.ends[heavy]).tolist()))
+        light_cols, light_ends = st.col[light].tolist(), st.ends[light] == 1
+        edges = dict(zip(light_cols, np.where(light_ends, -1.0, -2.0).tolist()))  # an end has one neighbour
+        full = {**row, **edges}
+        if sandwich is not None:  # and so has a middle stage too slow to sit between two heavy ones
+            once = light_ends | (st.t[light] > st.per_island(sandwich)[light])
+            edges = dict(zip(light_cols, np.where(once, -1.0, -2.0).tolist()))
+        row.update(edges)
         md.add(Constraint(row, -math.inf, 0.0), name)
-        if not heavy:
+        if medium is None or not heavy.any() or not medium.any():
             return
-        taken = {id(e_) for e_ in heavy} | {id(e_) for e_ in light}
-        medium = [e_ for e_ in entries if id(e_) not in taken]
-        if not self.options.order_rows or not medium:
-            return
+        medium_stages = list(zip(st.t[medium].tolist(), st.island[medium].tolist(), st.ends[medium].tolist(),
+                                 st.col[medium].tolist()))
         tag = name[len("neighbours"):]
         # an end stage of M compatible with no other stage of M (no middle one, not the other
         # end) is a run of its own, with one boundary edge into L
         first_cols = {v.index for v in self.e.values()}
-        role = lambda var, ends: "mid" if not ends else "first" if var.index in first_cols else "last"  # noqa: E731
+        role = lambda ci, ends: "mid" if not ends else "first" if ci in first_cols else "last"  # noqa: E731
         fastest: dict[tuple[str, int], float] = {}  # (role, island) -> fastest time in M
-        for _, t, j, ends, var in medium:
-            key = (role(var, ends), j)
+        for t, j, ends, ci in medium_stages:
+            key = (role(ci, ends), j)
             fastest[key] = min(t, fastest.get(key, math.inf))
         partner = {"first": ("mid", "last"), "last": ("mid", "first")}
         mids_m: dict[int, float] = {}
-        for _, t, j, ends, var in medium:
+        for t, j, ends, ci in medium_stages:
             if not ends:
-                mids_m[var.index] = 1.0
+                mids_m[ci] = 1.0
                 continue
             alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items()
-                        if r in partner[role(var, ends)])
-            full[var.index] = 1.0 if alone else -1.0
+                        if r in partner[role(ci, ends)])
+            full[ci] = 1.0 if alone else -1.0
         if mids_m:
             # u = 1 as soon as a middle stage of M is used (integrality does the rest): one row
             # instead of one per type of M
@@ -190,20 +229,20 @@ class OrderRows:
         # Y + cover - (downstream links) >= least, as a coefficient dict
         base = {i: c for i, c in sent_ub.coefs.items()}
         base[Y.index] = base.get(Y.index, 0.0) + 1.0
-        not_last = [(tail, bwd, var.index, out_lo[t.candidate]) for tail, bwd, role, var, t, _ in entries
-                    if role != "last"]
+        # per column but the last stage's: (tail, its coefficient as cover, as downstream of k): cover
+        # if its tail is at most theta; else downstream of k (or k itself), so its out-link is not cover
+        not_last = [(tail, bwd, var.index, -out_lo[t.candidate] if self.options.order_rows else 0.0)
+                    for tail, bwd, role, var, t, _ in entries if role != "last"]
+        tails = sorted(e_[0] for e_ in entries)
         for q, theta in enumerate(thetas):
-            least = min(e_[0] for e_ in entries if e_[0] > theta)
+            least = tails[bisect.bisect_right(tails, theta)]  # the least tail above theta
             row = dict(base)
             # successors take their backward and out-link off the cover: only those counted as
             # cover in this row (tail <= theta; below theta_min some successor types are not)
             for i, c in succ_term.coefs.items():
                 if succ_tail[i] <= theta:
                     row[i] = row.get(i, 0.0) - c
-            for tail, bwd, vi, out in not_last:
-                # cover if its tail is at most theta; else downstream of k (or k itself), so its
-                # out-link is not cover
-                row[vi] = bwd if tail <= theta else (-out if self.options.order_rows else 0.0)
+            row.update({vi: cover if tail <= theta else downstream for tail, cover, vi, downstream in not_last})
             md.add(Constraint(row, float(fl(least) - sent_ub.const + succ_term.const), math.inf), f"tail_window_Y[{q}]")
 
     def _successor_term(self, md: LinearModel, entries: list, theta_min: float,  # type: ignore[type-arg]
@@ -216,7 +255,7 @@ class OrderRows:
         lower = self.lower_tail_s
         isl = lambda t: cands[t.candidate].island  # noqa: E731
         cmin, cpair = self._link_minima()
-        in_s = [tail > lower and t.time_s + max(cmin[isl(t)], self._link_floor_s(t)) > hi * (1 + 1e-9)
+        in_s = [tail > lower and t.time_s + max(cmin[isl(t)], p.link_floor_s(t.candidate)) > hi * (1 + 1e-9)
                 for tail, _, _, _, t, _ in entries]
         if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
             return LinExpr()
@@ -259,11 +298,9 @@ class OrderRows:
 
 def total_T_expr(mip, fl) -> LinExpr:  # type: ignore[no-untyped-def]
     """Sum over the chosen stages of their forward+backward time (rounded down to ticks)."""
-    e = LinExpr()
-    for group, tys in ((mip.n, mip.types["mid"]), (mip.e, mip.types["first"]), (mip.h, mip.types["last"])):
-        for si, var in group.items():
-            e.add_term(var, fl(tys[si].time_s))
-    return e
+    return LinExpr({var.index: float(t) for group, tys in ((mip.n, mip.types["mid"]), (mip.e, mip.types["first"]),
+                                                          (mip.h, mip.types["last"]))
+                    for si, var in group.items() if (t := fl(tys[si].time_s))})
 
 
-__all__ = ["OrderRows", "TAIL_WINDOW_ROWS", "total_T_expr"]
+__all__ = ["OrderRows", "StageArrays", "TAIL_WINDOW_ROWS", "total_T_expr"]
