@@ -214,15 +214,14 @@ class LinearModel:
             raise TypeError("add() takes a constraint built with <=, >= or ==")
         # the row owns a copy of its coefficients; zeros dropped (a scan and a copy in C; the
         # Python rebuild only when a zero is there)
-        if 0.0 in con.coefs.values():
-            con.coefs = {i: c for i, c in con.coefs.items() if c != 0.0}
-        else:
-            con.coefs = dict(con.coefs)
-        con.name = name or f"c{len(self.constraints)}"
-        if con.name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
-            con.name = f"{con.name}#{len(self.constraints)}"
-        self._names.add(con.name)
-        self.constraints.append(con)
+        coefs, rows = con.coefs, self.constraints
+        con.coefs = {i: c for i, c in coefs.items() if c != 0.0} if 0.0 in coefs.values() else dict(coefs)
+        name = name or f"c{len(rows)}"
+        if name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
+            name = f"{name}#{len(rows)}"
+        con.name = name
+        self._names.add(name)
+        rows.append(con)
         return con
 
     def set_upper_bound(self, index: int, ub: float) -> None:

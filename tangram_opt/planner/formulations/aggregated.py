@@ -87,8 +87,11 @@ class AggregatedMIP(OrderRows):
         gpipe_ = p.schedule == "gpipe"
         hi = self.upper_tmax_s
         skip = self.excluded_types
+        # (role, candidate) first: hashing the layer counts of every type is most of the filter's time
+        skipped = {(role, ci) for role, ci, _ in skip}
         self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)
-                             and t.tail_s <= self.upper_tail_s and (role, t.candidate, t.layers) not in skip]
+                             and t.tail_s <= self.upper_tail_s
+                             and ((role, t.candidate) not in skipped or (role, t.candidate, t.layers) not in skip)]
                       for role, ts in types.items()}
         if self.lower_tail_s is not None and not any(t.tail_s > self.lower_tail_s for ts in self.types.values()
                                                      for t in ts):
@@ -158,8 +161,9 @@ class AggregatedMIP(OrderRows):
         if p.min_stages > 2:
             md.add(n_mid >= p.min_stages - 2, "min_stages")
         if not gpipe:
+            tolerance = [(mids[si].tolerance, var) for si, var in self.n.items()]
             for q in range(2, min(m, R)):
-                few = [var for si, var in self.n.items() if mids[si].tolerance <= q]
+                few = [var for tol, var in tolerance if tol <= q]
                 if few:
                     md.add(lsum(few) <= q - 1, f"hall[{q}]")
             cap_first = LinExpr()

@@ -229,10 +229,13 @@ class OrderRows:
         # Y + cover - (downstream links) >= least, as a coefficient dict
         base = {i: c for i, c in sent_ub.coefs.items()}
         base[Y.index] = base.get(Y.index, 0.0) + 1.0
-        # per column but the last stage's: (tail, its coefficient as cover, as downstream of k): cover
-        # if its tail is at most theta; else downstream of k (or k itself), so its out-link is not cover
+        # every column but the last stage's, with its coefficient as cover (tail at most theta) and
+        # as downstream of k (or k itself, a tail above theta), whose out-link is not cover; one
+        # array pass per theta picks between the two
         not_last = [(tail, bwd, var.index, -out_lo[t.candidate] if self.options.order_rows else 0.0)
                     for tail, bwd, role, var, t, _ in entries if role != "last"]
+        cols = [vi for _, _, vi, _ in not_last]
+        tail_of, cover, downstream = (np.array([e_[k] for e_ in not_last], dtype=float) for k in (0, 1, 3))
         tails = sorted(e_[0] for e_ in entries)
         for q, theta in enumerate(thetas):
             least = tails[bisect.bisect_right(tails, theta)]  # the least tail above theta
@@ -242,7 +245,7 @@ class OrderRows:
             for i, c in succ_term.coefs.items():
                 if succ_tail[i] <= theta:
                     row[i] = row.get(i, 0.0) - c
-            row.update({vi: cover if tail <= theta else downstream for tail, cover, vi, downstream in not_last})
+            row.update(zip(cols, np.where(tail_of <= theta, cover, downstream).tolist()))
             md.add(Constraint(row, float(fl(least) - sent_ub.const + succ_term.const), math.inf), f"tail_window_Y[{q}]")
 
     def _successor_term(self, md: LinearModel, entries: list, theta_min: float,  # type: ignore[type-arg]
