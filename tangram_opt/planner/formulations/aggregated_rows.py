@@ -79,27 +79,30 @@ class OrderRows:
         cands = p.candidates
         Smax, Cm = self.aux["Smax"], self.aux["Cm"]
         lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
-        mid_cols = list(self.n.values())
+        mid_cols = [var.index for var in self.n.values()]
 
-        def over(t: int, stages: int, k: int) -> LinExpr:
-            """``t (stages + n_mid) + k Smax - k t + relax``: McCormick's over-estimator of ``Smax * P``
-            built as one expression (the rows have a column per middle type, and operators would
-            copy it at each step)."""
-            out = LinExpr({var.index: float(t) for var in mid_cols}, t * (stages - k))
-            out.coefs[Smax.index] = float(k)
-            return out + relax
+        def at_least(t: int, stages: int, k: int, rhs: LinExpr, name: str) -> None:
+            """The row ``t (stages + n_mid) + k Smax - k t + relax >= rhs`` (McCormick's over-estimator
+            of ``Smax * P`` on the left) as one coefficient dict: both sides have a column per stage
+            type, which operators would copy at every step."""
+            row = {i: t - rhs.coefs.get(i, 0.0) for i in mid_cols}
+            row[Smax.index] = float(k)
+            for i, c in relax.coefs.items():
+                row[i] = row.get(i, 0.0) + c
+            row.update({i: 0.0 - c for i, c in rhs.coefs.items() if i not in row})
+            md.add(Constraint(row, rhs.const - t * (stages - k) - relax.const, math.inf), name)
 
         round_trip = total_T_expr(self, fl) + 2 * Cm
-        md.add(over(hi_t, 2, first) >= round_trip, f"cycle_hi{tag}")
-        md.add(over(lo_t, 2, last) >= round_trip, f"cycle_lo{tag}")
+        at_least(hi_t, 2, first, round_trip, f"cycle_hi{tag}")
+        at_least(lo_t, 2, last, round_trip, f"cycle_lo{tag}")
         c_out = {i: ce(max(p.link_hi_s[i, j] for j in islands)) for i in islands}
         c_in = {i: ce(max(p.link_hi_s[j, i] for j in islands)) for i in islands}
         for end, group, tys, link in (("first", self.e, self.types["first"], c_out),
                                       ("last", self.h, self.types["last"], c_in)):
             trimmed = round_trip - LinExpr.terms((var, ce(tys[si].time_s) + 2 * link[cands[tys[si].candidate].island])
                                                  for si, var in group.items())
-            md.add(over(hi_t, 1, first - 1) >= trimmed, f"cycle_{end}_hi{tag}")
-            md.add(over(lo_t, 1, last - 1) >= trimmed, f"cycle_{end}_lo{tag}")
+            at_least(hi_t, 1, first - 1, trimmed, f"cycle_{end}_hi{tag}")
+            at_least(lo_t, 1, last - 1, trimmed, f"cycle_{end}_lo{tag}")
 
     def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
         """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
