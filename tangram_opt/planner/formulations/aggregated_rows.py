@@ -83,8 +83,8 @@ class OrderRows:
 
         def at_least(t: int, stages: int, k: int, rhs: LinExpr, name: str) -> None:
             """The row ``t (stages + n_mid) + k Smax - k t + relax >= rhs`` (McCormick's over-estimator
-            of ``Smax * P`` on the left) as one coefficient dict: both sides have a column per stage
-            type, which operators would copy at every step."""
+            of ``Smax * P`` on the left; ``rhs`` holds stage columns and Cm) as one coefficient dict:
+            both sides have a column per stage type, which operators would copy at every step."""
             row = {i: t - rhs.coefs.get(i, 0.0) for i in mid_cols}
             row[Smax.index] = float(k)
             for i, c in relax.coefs.items():
