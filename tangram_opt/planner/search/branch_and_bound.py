@@ -90,6 +90,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         #: micro-batch size's candidate time table for it (primal.py)
         self.neighbourhood_from = math.inf
         self.candidate_times: dict[int, CandidateTimes] = {}
+        #: seconds the neighbourhood search has had, and its slices between nodes so far
+        self.neighbourhood_spent = 0.0
+        self.kick_turns = 0
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
         self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
         #: solver processes for leaf MIPs (``run`` starts them with ``threads >= 2`` and HiGHS,
@@ -207,10 +210,10 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 sub.single_s = one[0]
                 self.offer(sub.b, one[1], one[0])
         self.emit("start")
+        self.neighbourhood_search(live)
         if self.warm_start and self.given_subs is None \
                 and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
             self.restricted_primal(live)
-        self.neighbourhood_search(live)
         for sub in sorted(live, key=lambda s: s.lower_bound_s):
             self.root(sub)
         self.emit("root bounds")
@@ -293,6 +296,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 if idle >= tuning.PRIMAL_IDLE_TURNS:
                     every, idle = min(2 * every, tuning.PRIMAL_MAX_EVERY), 0
             self.improve_incumbent()
+            self.kick_turn()
         while self.inflight and self.collect(block=True):
             pass
 

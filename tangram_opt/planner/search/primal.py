@@ -4,9 +4,10 @@
   heuristically pruned candidate table first (its plans are real plans of the full table);
 - :meth:`PrimalHeuristics.knapsack_plans`: the layer-covering knapsack's own covers near its bound,
   ordered for memory and neighbours and scored exactly;
-- :meth:`PrimalHeuristics.neighbourhood_search` and :meth:`PrimalHeuristics.improve_incumbent`:
-  replace / merge / split moves from each sub-problem's best plan before the roots, and from every
-  new incumbent (formulations/neighbourhood.py).
+- :meth:`PrimalHeuristics.neighbourhood_search`, :meth:`PrimalHeuristics.kick_turn` and
+  :meth:`PrimalHeuristics.improve_incumbent`: replace / merge / split moves from each sub-problem's
+  best plan before the roots, in slices between nodes, and from every new incumbent
+  (formulations/neighbourhood.py).
 
 The greedy warm start (tangram_opt/baselines/greedy.py) and the diving primal turns of node
 selection (:meth:`BranchAndBound.next_node`) are the other primal parts. Nothing here touches a
@@ -16,6 +17,7 @@ bound: only :meth:`BranchAndBound.offer` is called with what is found.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import replace
 
@@ -67,6 +69,10 @@ class PrimalHeuristics:
                                 primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,
                                 on_progress=None,
                                 t0=time.perf_counter())
+        if math.isfinite(self.inc_s):
+            # it looks only for plans better than the incumbent (the neighbourhood search's, run
+            # before it): the incumbent is its cutoff, and its nodes close at that target
+            inner.inc_s = self.inc_s / (1 - tuning.RESTRICTED_PRIMAL_GAP)
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
@@ -154,14 +160,17 @@ class PrimalHeuristics:
         sub.info["knapsack_plans"] = len(ordered)
 
     def neighbourhood_search(self, live: list[SubProblem]) -> None:
-        """Before the roots, in ``tuning.NEIGHBOURHOOD_SHARE`` of the time limit: one descent
-        from each sub-problem's best plan (the greedy's, the one-stage optimum, the restricted
-        search's), then the iterated local search with kicks on the ``NEIGHBOURHOOD_KICK_SUBS``
-        best of them, sharing what is left. A better incumbent before the roots tightens every
-        root window and the stage types' cutoff."""
-        deadline = time.perf_counter() + min(self.remaining(), tuning.NEIGHBOURHOOD_SHARE * self.time_limit_s)
-        subs = [s for s in live if s.best_choices is not None]
-        for sub in sorted(subs, key=lambda s: s.objective_s):
+        """Before the roots: one descent from each sub-problem's best plan (the greedy's, the
+        one-stage optimum), best plans first, then kicks (iterated local search) on the
+        ``tuning.NEIGHBOURHOOD_KICK_SUBS`` best, sharing at most ``NEIGHBOURHOOD_START_S`` seconds
+        (and ``NEIGHBOURHOOD_SHARE`` of the limit) in all. A better incumbent before the roots
+        tightens every root window and the stage types' cutoff; later kicks are
+        :meth:`kick_turn`'s."""
+        start = time.perf_counter()
+        deadline = start + min(self.remaining(), tuning.NEIGHBOURHOOD_SHARE * self.time_limit_s,
+                               tuning.NEIGHBOURHOOD_START_S)
+        subs = sorted((s for s in live if s.best_choices is not None), key=lambda s: s.objective_s)
+        for sub in subs:
             if time.perf_counter() >= deadline:
                 break
             self.improve_plan(sub, deadline, kicks=0)
@@ -172,26 +181,50 @@ class PrimalHeuristics:
                 break
             self.improve_plan(sub, now + (deadline - now) / (len(best) - i))
         self.neighbourhood_from = self.inc_s
+        self.neighbourhood_spent += time.perf_counter() - start
+
+    def kick_turn(self) -> None:
+        """Between nodes: while the neighbourhood search has had less than ``NEIGHBOURHOOD_SHARE``
+        of the time so far, one slice (``NEIGHBOURHOOD_SLICE_S``) of kicks from the best plan of
+        the next of the ``NEIGHBOURHOOD_KICK_SUBS`` best open sub-problems, in turn (a new seed
+        each slice). A search that closes early has spent little on it; a long one keeps
+        looking for plans the window MIPs have not found."""
+        if self.neighbourhood_spent >= tuning.NEIGHBOURHOOD_SHARE * self.elapsed() or self.remaining() <= 0.5:
+            return
+        subs = sorted((s for s in self.subs.values() if s.status == "open" and s.best_choices is not None
+                       and not self.pruned(self.sub_bound(s))),
+                      key=lambda s: s.objective_s)[:tuning.NEIGHBOURHOOD_KICK_SUBS]
+        if not subs:
+            return
+        self.kick_turns += 1
+        start = time.perf_counter()
+        self.improve_plan(subs[self.kick_turns % len(subs)], start + tuning.NEIGHBOURHOOD_SLICE_S,
+                          seed=self.seed + self.kick_turns)
+        self.neighbourhood_spent += time.perf_counter() - start
 
     def improve_incumbent(self) -> None:
         """A new incumbent (from any heuristic or leaf) is improved by the neighbourhood search for
         ``tuning.NEIGHBOURHOOD_TURN_SHARE`` of the time limit (at least ``NEIGHBOURHOOD_TURN_MIN_S``)."""
         if self.inc is None or self.inc_s >= self.neighbourhood_from:
             return
+        start = time.perf_counter()
         budget = min(self.remaining(), max(tuning.NEIGHBOURHOOD_TURN_MIN_S,
                                            tuning.NEIGHBOURHOOD_TURN_SHARE * self.time_limit_s))
-        self.improve_plan(self.subs[self.inc[0]], time.perf_counter() + budget)
+        self.improve_plan(self.subs[self.inc[0]], start + budget)
         self.neighbourhood_from = self.inc_s
+        self.neighbourhood_spent += time.perf_counter() - start
 
-    def improve_plan(self, sub: SubProblem, deadline: float, kicks: int | None = None) -> None:
+    def improve_plan(self, sub: SubProblem, deadline: float, kicks: int | None = None, seed: int | None = None) -> None:
         """Offer the best plan the neighbourhood search reaches from ``sub``'s best plan by ``deadline``
-        (at most ``kicks`` kicks when given: 0 is one descent)."""
+        (at most ``kicks`` kicks when given: 0 is one descent; kicks seeded by ``seed``, else the
+        search's seed)."""
         if sub.best_choices is None:
             return
         table = self.candidate_times.get(sub.b)
         if table is None:
             table = self.candidate_times[sub.b] = CandidateTimes(sub.problem)
-        choices, t = improve(sub.problem, sub.best_choices, deadline, table, seed=self.seed, kicks=kicks)
+        choices, t = improve(sub.problem, sub.best_choices, deadline, table,
+                             seed=self.seed if seed is None else seed, kicks=kicks)
         self.offer(sub.b, choices, t)
 
 

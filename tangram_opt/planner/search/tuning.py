@@ -46,12 +46,17 @@ KNAPSACK_PLAN_CAPS = 12
 KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
 KNAPSACK_PLAN_MIN_S = 0.2
 KNAPSACK_PLAN_SHARE = 0.02
-#: the neighbourhood search (formulations/neighbourhood.py): this share of the time limit on the
-#: sub-problems' best plans before the roots (a descent from each, then kicks on the
-#: NEIGHBOURHOOD_KICK_SUBS best), and on every new incumbent this share (at least
-#: NEIGHBOURHOOD_TURN_MIN_S seconds)
+#: the neighbourhood search (formulations/neighbourhood.py, primal.py): at most NEIGHBOURHOOD_SHARE
+#: of the time so far, in three parts: before the roots, a descent from every sub-problem's best
+#: plan and kicks on the NEIGHBOURHOOD_KICK_SUBS best (NEIGHBOURHOOD_START_S at most: on the
+#: fast-network cases a whole 6% of a 300 s limit there made a 4 s proof take 22 s, and 2 s made
+#: a 2.9 s one take 5.4 s);
+#: between nodes, slices of NEIGHBOURHOOD_SLICE_S of kicks, the best open sub-problems in turn;
+#: on every new incumbent NEIGHBOURHOOD_TURN_SHARE of the limit (at least NEIGHBOURHOOD_TURN_MIN_S)
 NEIGHBOURHOOD_SHARE = 0.06
+NEIGHBOURHOOD_START_S = 1.0
 NEIGHBOURHOOD_KICK_SUBS = 5
+NEIGHBOURHOOD_SLICE_S = 0.3
 NEIGHBOURHOOD_TURN_SHARE = 0.005
 NEIGHBOURHOOD_TURN_MIN_S = 0.2
 #: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
