@@ -1,8 +1,8 @@
 # ---
 # Source of solver_gaps.ipynb (percent format). Edit this file, then run
-#     python docs/notebooks/build.py
-# to regenerate the notebook (committed with outputs cleared). tests/test_notebook.py checks that the
-# two agree and executes the notebook in fast mode.
+#     python docs/notebooks/build.py --execute
+# to regenerate the notebook (committed executed in fast mode, with its outputs). tests/test_notebook.py
+# checks that the two agree (outputs aside) and executes a fresh build in fast mode.
 # ---
 
 # %% [markdown]
