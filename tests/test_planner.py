@@ -156,15 +156,19 @@ class _FreshRows:
         return [dataclasses.replace(c) for c in self.base.candidates(island, b)]
 
 
-@pytest.mark.parametrize("fresh_rows", [False, True])
-def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatch, fresh_rows):
+@pytest.mark.parametrize("fresh_rows, cutoff", [(False, False), (True, False), (False, True)])
+def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatch, fresh_rows, cutoff):
     """Forced on a small instance, the restricted search (heuristically pruned candidates) runs
     first; its plan maps back onto the full candidate table (also from a provider that returns
-    new objects on every call) and the search still proves the brute-force optimum."""
+    new objects on every call) and the search still proves the brute-force optimum. Without the
+    incumbent as its cutoff it always returns a plan (the mapping is exercised); with it, it may
+    find nothing better."""
     from tangram_opt.planner.search import tuning
 
     cluster, model, training, space, best = instance
     monkeypatch.setattr(tuning, "RESTRICTED_PRIMAL_CANDIDATES", 0)
+    monkeypatch.setattr(tuning, "RESTRICTED_PRIMAL_SHARE", 0.3)
+    monkeypatch.setattr(tuning, "RESTRICTED_PRIMAL_CUTOFF", cutoff)
     provider = None
     if fresh_rows:
         base = PlanningContext(cluster, model, training, space=space)
@@ -174,6 +178,8 @@ def test_the_restricted_primal_search_keeps_the_certificate(instance, monkeypatc
                  options=SearchOptions(multi_pipeline=False), provider=provider,
                  on_progress=lambda ev: messages.append(ev.message))
     assert any(m.startswith("restricted search") for m in messages)
+    if not cutoff:
+        assert not any("nothing better" in m for m in messages if m.startswith("restricted search"))
     assert plan.certificate.status == "optimal"
     assert plan.certificate.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
 

@@ -211,7 +211,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 self.offer(sub.b, one[1], one[0])
         self.emit("start")
         self.neighbourhood_search(live)
-        if self.warm_start and self.given_subs is None \
+        if self.warm_start and self.given_subs is None and tuning.RESTRICTED_PRIMAL_SHARE > 0 \
                 and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
             self.restricted_primal(live)
         for sub in sorted(live, key=lambda s: s.lower_bound_s):

@@ -69,15 +69,17 @@ class PrimalHeuristics:
                                 primal_backoff=False, sequence=False, first_pass=False, pool=self.pool,
                                 on_progress=None,
                                 t0=time.perf_counter())
-        if math.isfinite(self.inc_s):
+        if tuning.RESTRICTED_PRIMAL_CUTOFF and math.isfinite(self.inc_s):
             # it looks only for plans better than the incumbent (the neighbourhood search's, run
             # before it): the incumbent is its cutoff, and its nodes close at that target
             inner.inc_s = self.inc_s / (1 - tuning.RESTRICTED_PRIMAL_GAP)
         try:
             inner.run()
         except (InfeasibleError, NoSolutionError):
-            return
+            inner.inc = None
         if inner.inc is None:
+            self.emit(f"restricted search (fastest {tuning.RESTRICTED_PRIMAL_KEEP} candidates per island and size): "
+                      "nothing better than the incumbent")
             return
         b, choices = inner.inc
         full = {id(c): i for i, c in enumerate(self.subs[b].problem.candidates)}

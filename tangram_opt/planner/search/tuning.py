@@ -11,10 +11,15 @@ from __future__ import annotations
 LEAF_WINDOW_RATIO = 1.01
 #: above this many candidates (summed over pipeline micro-batch sizes) a restricted search on the
 #: fastest RESTRICTED_PRIMAL_KEEP candidates per island and size first finds a good incumbent,
-#: using RESTRICTED_PRIMAL_SHARE of the time
+#: using RESTRICTED_PRIMAL_SHARE of the time. Off (share 0) since the neighbourhood search: with
+#: the share at 0.3 and 0 (60 s, 2 threads), 4,096-GPU DeepSeek-V3 (300 s) proved 0.01% after 207 s
+#: and 70 s, the 512-GPU Mixtral-8x22B case after 12.8 s and 13.4 s, and "384 V100+A10G, MoE"
+#: ended at 19-20% and 10.5% (formulations/pipeline_mip.md §5)
 RESTRICTED_PRIMAL_CANDIDATES = 3000
 RESTRICTED_PRIMAL_KEEP = 2
-RESTRICTED_PRIMAL_SHARE = 0.3
+RESTRICTED_PRIMAL_SHARE = 0.0
+#: ... and it takes the incumbent as its cutoff (it looks only for better plans)
+RESTRICTED_PRIMAL_CUTOFF = True
 #: the restricted search looks for plans, not bounds: wider leaves reach leaf MIPs (plans) sooner
 RESTRICTED_PRIMAL_LEAF_RATIO = 1.03
 #: ... and stops once its best plan is proved within this gap on the restricted space (it looks
