@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -90,3 +91,19 @@ def test_a_spent_deadline_returns_the_start_as_it_is(solved):
     stages, t = improve(ctx.problem(b), start, time.perf_counter() - 1)
     assert [(s.candidate, s.layers) for s in stages] == [(s.candidate, s.layers) for s in start]
     assert t == pytest.approx(t0, rel=1e-12)
+
+
+def test_dense_first_layers_stay_on_the_first_stage():
+    # the certificates' plan space keeps a dense-first model's dense layers on the first stage
+    # (formulations/pipeline_mip.md §2): no move, polish or kick leaves it
+    base = load_model("deepseek-v2-lite").with_layers(6)
+    model = dataclasses.replace(base, moe=dataclasses.replace(base.moe, first_dense_layers=3))
+    ctx = PlanningContext(_three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
+                          space=SearchSpace(max_stages=4, **SPACE))
+    dense = ctx.kinds[0]
+    assert len(ctx.kinds) == 2 and ctx.layers[dense] == 3
+    for b, (t0, start) in greedy_by_micro_batch(ctx, thorough=True).items():
+        stages, t = improve(ctx.problem(b), start, time.perf_counter() + 60, kicks=30)
+        assert t <= t0 * (1 + 1e-12)
+        assert stages[0].layers.get(dense, 0) == ctx.layers[dense]
+        _check_plan(ctx.problem(b), stages, ctx.layers)

@@ -108,7 +108,8 @@ def _descend(problem: PipelineProblem, table: CandidateTimes, cur: list[StageCho
         better = _first_improvement(problem, table, cur, cur_t, deadline)
         if better is None:
             break
-        cur = reorder(problem, polish(problem, better))
+        polished = reorder(problem, polish(problem, better))
+        cur = polished if _in_space(problem, polished) else better
         cur_t = exact_step_s(problem, cur)
     return cur
 
@@ -181,7 +182,7 @@ def _first_improvement(problem: PipelineProblem, table: CandidateTimes, cur: lis
         if time.perf_counter() >= deadline:
             break
         trial = polish(problem, trial)
-        if exact_step_s(problem, trial) < cur_t * (1 - 1e-9):
+        if _in_space(problem, trial) and exact_step_s(problem, trial) < cur_t * (1 - 1e-9):
             return trial
     return None
 
