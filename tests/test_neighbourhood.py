@@ -7,6 +7,7 @@ import functools
 import time
 
 import pytest
+from test_planner import SMALL_SPACE, slow_nics, three_islands
 
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
 from tangram_opt.planner.context import PlanningContext
@@ -14,33 +15,20 @@ from tangram_opt.planner.formulations.neighbourhood import improve
 from tangram_opt.planner.formulations.ordering import fits_memory
 from tangram_opt.planner.formulations.problem import choices_timing
 from tangram_opt.planner.space import SearchSpace
-from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+from tangram_opt.specs import TrainingSpec, load_model
 from tangram_opt.testing.exhaustive import brute_force
-
-SPACE = dict(zero=(0, 1), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1, 2))
-
-
-def _slow_nics():
-    return make_cluster("slow", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=10),
-                                 dict(name="v100", gpu="V100-16", nodes=2, gpus_per_node=2, nic_gbps=5)])
-
-
-def _three_islands():
-    return make_cluster("tiny3", [dict(name="h100", gpu="H100-SXM", nodes=1, gpus_per_node=2, nic_gbps=400),
-                                  dict(name="a100", gpu="A100-80", nodes=1, gpus_per_node=4, nic_gbps=200),
-                                  dict(name="l4", gpu="L4", nodes=1, gpus_per_node=2, nic_gbps=50)])
 
 
 def _context(cluster):
     model = load_model("llama-3-8b").with_layers(6)
     training = TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16")
-    return PlanningContext(cluster, model, training, space=SearchSpace(max_stages=4, **SPACE))
+    return PlanningContext(cluster, model, training, space=SearchSpace(max_stages=4, **SMALL_SPACE))
 
 
 @functools.cache
 def _solved(name: str):
     """A small instance and its brute-force optimum (computed once per test run)."""
-    ctx = _context(_slow_nics() if name == "slow-nics" else _three_islands())
+    ctx = _context(slow_nics() if name == "slow-nics" else three_islands())
     return ctx, brute_force(ctx)
 
 
@@ -98,8 +86,8 @@ def test_dense_first_layers_stay_on_the_first_stage():
     # (formulations/pipeline_mip.md §2): no move, polish or kick leaves it
     base = load_model("deepseek-v2-lite").with_layers(6)
     model = dataclasses.replace(base, moe=dataclasses.replace(base.moe, first_dense_layers=3))
-    ctx = PlanningContext(_three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
-                          space=SearchSpace(max_stages=4, **SPACE))
+    ctx = PlanningContext(three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
+                          space=SearchSpace(max_stages=4, **SMALL_SPACE))
     dense = ctx.kinds[0]
     assert len(ctx.kinds) == 2 and ctx.layers[dense] == 3
     for b, (t0, start) in greedy_by_micro_batch(ctx, thorough=True).items():

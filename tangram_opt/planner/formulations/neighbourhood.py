@@ -273,4 +273,4 @@ def _count(kinds: list[str]) -> dict[str, int]:
     return out
 
 
-__all__ = ["CandidateTimes", "KICK_MOVES", "KICK_PATIENCE", "POLISH_TRIALS", "SCREEN_SLACK", "improve"]
+__all__ = ["KICK_MOVES", "KICK_PATIENCE", "POLISH_TRIALS", "SCREEN_SLACK", "CandidateTimes", "improve"]
