@@ -189,7 +189,7 @@ def report_comm(rows: list[dict[str, object]], quick: bool, threads: int,
             "pipelines x stages | wall | gap (single) | status | step | bound | stages | wall |")
     align = "|---|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"
     if before:
-        head = head[:-1] + " gap before (multi / single) |"
+        head += " gap before (multi / single) |"
         align += "---:|"
     lines += [head, align]
     for r in rows:

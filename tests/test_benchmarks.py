@@ -169,4 +169,8 @@ def test_comm_family_tiny_case_plans_and_reports(tmp_path: Path) -> None:
     assert "Machine:" in text and case.name in text
     before = read_before(page)
     assert before[case.name][0].endswith("%") and before[case.name][1].endswith("%")
-    assert case.name in report_comm([row], quick=True, threads=1, before=before)
+    with_before = report_comm([row], quick=True, threads=1, before=before)
+    assert case.name in with_before
+    # every table line has as many cells as the header (the before column included)
+    table = [ln for ln in with_before.splitlines() if ln.startswith("|")]
+    assert len({ln.count("|") for ln in table}) == 1
