@@ -7,7 +7,7 @@
 - :mod:`.branch_and_bound`: :class:`BranchAndBound`, the tree: roots, window bounds, splits, node
   selection, worker processes and the certificate;
 - :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
-- :mod:`.primal`: primal heuristics (restricted search, knapsack covers);
+- :mod:`.primal`: primal heuristics (neighbourhood search, knapsack covers, restricted search, off by default);
 - :mod:`.objective`: :class:`Objective` (throughput, min_cost, cost_per_token; budget, floor);
 - :mod:`.priced`: the search under a non-default objective (priced positional MIPs);
 - :mod:`.launch`: the plan space of a launch target (plans one framework job runs) and its search.
