@@ -117,22 +117,23 @@ def is_current(target: Path, source: Path) -> bool:
 KERNEL = "tangram-notebook-build"
 
 
+def _set_environ(values: dict[str, str | None]) -> None:
+    """Set each variable of ``values`` (None: unset it)."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @contextlib.contextmanager
 def _environ(**values: str | None):
     old = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(values)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(old)
 
 
 def execute(nb: nbformat.NotebookNode, *, timeout: int = 1200, cwd: Path = HERE) -> nbformat.NotebookNode:
