@@ -424,3 +424,26 @@ def test_strengthened_level2_rows_keep_the_best_plan_feasible(monkeypatch, insta
     x = [md.hint[i] for i in range(len(md.vars))]
     assert md.check(x) == []
     assert out[True].objective_s == pytest.approx(best.objective_s, rel=1e-9)
+
+
+def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, instance):
+    """With a cutoff under the LP bound (less its tick), no plan of the model beats the cutoff: the
+    level answers "nothing better" from the LP alone, without a MIP solve, and the brute force agrees."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+    full = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
+                        backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+    cutoff = full.info["lp_bound_s"] * (1 - 1e-3)
+    assert best.objective_s >= cutoff  # the brute force: nothing beats it
+
+    def no_mip(*a, **k):
+        raise AssertionError("the level-2 MIP ran although its LP bound is at the cutoff")
+
+    monkeypatch.setattr(l2, "solve_model", no_mip)
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: None)
+    cut = solve_level2(ctx, run.templates, run.pricer, cutoff_s=cutoff, max_pipelines=rmax,
+                       backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+    assert cut.pairs > 0  # the pairs did not all fall to the cutoff before the LP
+    assert cut.info["solver_status"] == "not run (LP bound at the cutoff)"
+    assert cut.status == "nothing better than the cutoff" and cut.bound_s == cutoff

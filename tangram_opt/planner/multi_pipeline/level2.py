@@ -303,6 +303,20 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
     lp_ticks = math.ceil(lp - 1e-6 * max(1.0, abs(lp))) if lp is not None and math.isfinite(lp) else None
     branched = None
+
+    def beyond_cutoff() -> Level2Result | None:
+        """Every plan of the model is at least (LP - 1 tick) exactly: when that is no better than the
+        cutoff, the MIP (and more LPs) could only prove what the LP already has (on "384 V100+A10G,
+        MoE" of the communication-bound family the MIP ran out its 10 s to say so)."""
+        if lp_ticks is None or (lp_ticks - 1) * tick < cut:
+            return None
+        info = {"root_lp_bound_s": lp * tick if lp is not None else None,
+                "branched_lp_bound_s": None if branched is None else branched * tick,
+                "lp_bound_s": lp_ticks * tick, "solver_status": "not run (LP bound at the cutoff)"}
+        return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, info)
+
+    if (done := beyond_cutoff()) is not None:
+        return done
     if lp_ticks is not None and strengthen:
         # branch on the zone binaries (or, with one zone, on R): the minimum over the patterns of
         # their LPs bounds the MIP as well, and prices the zone link / the ring factor exactly
@@ -315,6 +329,8 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             lp_ticks = max(lp_ticks, math.ceil(branched - 1e-6 * max(1.0, abs(branched))))
         elif branched is not None:  # every pattern is LP-infeasible: so is the MIP
             return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
+    if (done := beyond_cutoff()) is not None:
+        return done
     if lp_ticks is not None:
         md.add(tp + x + o >= lp_ticks, "lp_bound")
     hinted = False
