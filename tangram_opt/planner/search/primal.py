@@ -165,12 +165,14 @@ class PrimalHeuristics:
         """Before the roots: one descent from each sub-problem's best plan (the greedy's, the
         one-stage optimum), best plans first, then kicks (iterated local search) on the
         ``tuning.NEIGHBOURHOOD_KICK_SUBS`` best, sharing at most ``NEIGHBOURHOOD_START_S`` seconds
-        (and ``NEIGHBOURHOOD_SHARE`` of the limit) in all. A better incumbent before the roots
+        (and ``NEIGHBOURHOOD_SHARE`` of the limit, and ``NEIGHBOURHOOD_START_PER_CANDIDATE_S`` per
+        candidate) in all. A better incumbent before the roots
         tightens every root window and the stage types' cutoff; later kicks are
         :meth:`kick_turn`'s."""
         start = time.perf_counter()
+        size = sum(len(s.problem.candidates) for s in live)
         deadline = start + min(self.remaining(), tuning.NEIGHBOURHOOD_SHARE * self.time_limit_s,
-                               tuning.NEIGHBOURHOOD_START_S)
+                               tuning.NEIGHBOURHOOD_START_S, tuning.NEIGHBOURHOOD_START_PER_CANDIDATE_S * size)
         subs = sorted((s for s in live if s.best_choices is not None), key=lambda s: s.objective_s)
         for sub in subs:
             if time.perf_counter() >= deadline:
