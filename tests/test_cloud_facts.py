@@ -104,7 +104,7 @@ def test_comm_family_size() -> None:
 def test_comm_cluster_loads_and_is_communication_bound(path: Path, facts: dict[str, Any]) -> None:
     cluster = tangram_opt.load_cluster(path)
     assert cluster.name == path.stem
-    assert 64 <= cluster.num_gpus <= 512
+    assert 64 <= cluster.num_gpus <= 1024
     assert len(cluster.zones) in (1, 2)
     assert len({g.gpu.name for g in cluster.node_groups}) >= 2, "a mixture of GPU types"
     for link in cluster.zone_links:
