@@ -15,7 +15,7 @@ measured.
 
 The communication-bound family (``--family comm``, page docs/results/planner_scaling_comm.md) pairs the
 clusters of benchmarks/clusters/comm/ (25-100 Gb/s NICs, 1-10 ms zone links, V100/A100/L4/A10G,
-64-512 GPUs; docs/results/cloud_facts.md section 5) with dense and MoE models, plus the two cases
+64-1,024 GPUs; docs/results/cloud_facts.md section 5) with dense and MoE models, plus the two cases
 reported in issue 27. Each case is certified twice: by ``solve``'s default (multi-pipeline level on)
 and with ``SearchOptions(multi_pipeline=False)``. ``--before PAGE`` puts the gaps of an earlier
 comm page beside this run's (matched by case name).
