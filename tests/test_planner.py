@@ -126,11 +126,12 @@ def test_tail_splits_on_wide_period_windows_keep_the_certificate(instance, leave
 @pytest.mark.parametrize("leaves", ["aggregated", "sequence"])
 def test_a_resumed_search_keeps_its_nodes_and_proves_the_optimum(instance, leaves):
     # solve() gives the single-pipeline search the time the multi-pipeline level leaves over
-    # (BranchAndBound.resume, issue 27): stopped right after its roots, then resumed, the search
-    # still proves the brute-force optimum with a bound below it
+    # (BranchAndBound.resume, issue 27): stopped before its roots (no time: every sub-problem
+    # closes at its quick bound, status NOT_STARTED), then resumed, the search still proves the
+    # brute-force optimum with a bound below it
     import time
 
-    from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+    from tangram_opt.planner.search.branch_and_bound import NOT_STARTED, BranchAndBound
 
     cluster, model, training, space, best = instance
     knobs = _leaves(leaves, space).resolved(space.schedule, 60.0)
@@ -139,8 +140,10 @@ def test_a_resumed_search_keeps_its_nodes_and_proves_the_optimum(instance, leave
                             time_limit_s=0.0, threads=1, seed=0, rel_gap=1e-9, formulation=knobs.formulation,
                             windows=bool(knobs.windows), fluid_cuts=knobs.fluid_cuts, knapsack=bool(knobs.knapsack),
                             sequence=bool(knobs.sequence_leaves), warm_start=knobs.warm_start, on_progress=None, t0=t0)
-    first = search.run().certificate  # no time: the roots only (and the first pass's target)
+    first = search.run().certificate  # no time: the quick bounds and the warm start only
     assert first.status == "feasible" and first.bound_s <= best.step_time_s * (1 + 1e-9)
+    waiting = [r for r in first.subproblems if r["status"] == NOT_STARTED]
+    assert waiting and all(r["bound_s"] == r["quick_bound_s"] for r in waiting)
     cert = search.resume(time.perf_counter() - t0 + 60.0).certificate
     assert first.bound_s <= cert.bound_s <= best.step_time_s * (1 + 1e-9)
     assert cert.objective_s == pytest.approx(best.step_time_s, rel=1e-7) and cert.status == "optimal"

@@ -45,6 +45,10 @@ from tangram_opt.solvers.model import LinearModel
 from tangram_opt.solvers.workers import SolverPool
 
 
+#: status of a sub-problem whose root the time limit left out (its quick bound is its bound)
+NOT_STARTED = "not started (time limit)"
+
+
 class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
     """One search: its sub-problems, queue of open nodes, incumbent and bounds, from roots to certificate.
 
@@ -214,10 +218,21 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         if self.warm_start and self.given_subs is None and tuning.RESTRICTED_PRIMAL_SHARE > 0 \
                 and sum(len(s.problem.candidates) for s in live) > tuning.RESTRICTED_PRIMAL_CANDIDATES:
             self.restricted_primal(live)
-        for sub in sorted(live, key=lambda s: s.lower_bound_s):
-            self.root(sub)
+        self.roots(live)
         self.emit("root bounds")
         return self._search(live)
+
+    def roots(self, live: list[SubProblem]) -> None:
+        """The root of every sub-problem, lowest quick bound first, while time is left. A
+        sub-problem whose root the time limit left out closes at its quick lower bound (valid
+        for every plan in it) with status ``NOT_STARTED``; :meth:`resume` starts it. (The launch
+        spaces have thousands of sub-problems: 8,138 roots of DeepSeek-V3 on 1,024 GPUs took 21 s.)"""
+        for sub in sorted(live, key=lambda s: s.lower_bound_s):
+            if self.remaining() <= 0:
+                sub.status = NOT_STARTED
+                self.closed_bounds.setdefault(sub.b, []).append(sub.lower_bound_s)
+                continue
+            self.root(sub)
 
     def resume(self, until_s: float) -> Plan:
         """Search on from where :meth:`run` stopped (its open nodes, closed bounds, floors and
@@ -228,6 +243,11 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         for sub in live:
             if sub.status == "not finished (time limit)":
                 sub.status = "open"
+        waiting = [s for s in live if s.status == NOT_STARTED]
+        for sub in waiting:  # their quick bound stood in for a root: search them now
+            sub.status = "open"
+            self.closed_bounds[sub.b] = []
+        self.roots(waiting)
         self.emit("resumed")
         owned = None
         if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
