@@ -131,3 +131,26 @@ def test_cli_plan_launch_prints_the_price_and_writes_a_one_job_export(tmp_path):
                           "llama-3-8b", "--batch", "16", "--seq", "1024", "--time-limit", "5", "--quiet",
                           "--launch", "torchtitan"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "fp16" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_launch_space_cut_by_the_time_limit_says_so(instance, monkeypatch):
+    """Building the launch sub-problems stops at LAUNCH_BUILD_SHARE of the limit (at 0: once one
+    fits): the configurations left out are not searched, and the certificate does not claim them."""
+    import tangram_opt.planner.search.launch as launch
+
+    cluster, model, training = instance
+    monkeypatch.setattr(launch, "LAUNCH_BUILD_SHARE", 0.0)
+    plan = solve(cluster, model, training, space=SPACE, time_limit_s=60, rel_gap=1e-6, launch="megatron")
+    cert = plan.certificate
+    assert cert.status == "feasible"  # whatever its gap over the configurations searched
+    assert "the time limit stopped building the others" in cert.plan_space
+    cut = next(n for n in cert.notes if n.startswith("time limit:"))
+    assert "were not built or searched" in cut
+    assert launchable(plan, "megatron", model=model) == []
+    assert plan.step_time_s >= _exhaustive(cluster, model, training, "megatron") * (1 - 1e-9)
+    # building stopped after the first configuration with a fitting sub-problem
+    rules = launch_rules("megatron")
+    ctx = PlanningContext(cluster, model, training, space=SPACE, calibration=launch_calibration(rules, None))
+    subs, counts = launch_subproblems(ctx, rules, deadline=0.0)
+    assert subs and counts["configurations"] - counts["not_built"] == 1  # the first one fits here
+    assert counts["configurations"] > 1
