@@ -130,8 +130,8 @@ def headline(plan: Plan) -> list[str]:
 OPEN_PARTS_SHOWN = 3
 #: Sub-problem statuses in the words of that line: "time limit" (more time may raise the bound),
 #: "closed at its model bound" (every window done; the relaxation, not time, holds the bound)
-_STATUS_WORDS = {"not finished (time limit)": "time limit", "closed": "closed at its model bound",
-                 "feasible": "not proved"}
+_STATUS_WORDS = {"not finished (time limit)": "time limit", "not started (time limit)": "time limit, not started",
+                 "closed": "closed at its model bound", "feasible": "not proved"}
 
 
 def open_parts(plan: Plan, limit: int = OPEN_PARTS_SHOWN) -> list[str]:

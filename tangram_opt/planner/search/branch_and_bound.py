@@ -518,7 +518,8 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         ctx = self.ctx
         if self.inc is None:
             # nothing found: infeasible unless some sub-problem was cut short by the time limit
-            if not self.open and not any(s.status.startswith("not finished") for s in self.subs.values()):
+            if not self.open and not any(s.status.startswith("not finished") or s.status == NOT_STARTED
+                                         for s in self.subs.values()):
                 raise _nothing_fits(ctx)
             raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend "
                                   f"{self.backend!r}; raise time_limit_s or try another backend")

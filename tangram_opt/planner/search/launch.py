@@ -293,7 +293,7 @@ def solve_launch(ctx: PlanningContext, rules: LaunchRules, *, backend: str, time
     if cut:
         # the bound is over the configurations built: not a proof over the launch space
         notes += (f"time limit: {cut} of {counts['configurations']} uniform configurations were not built or "
-                  "searched; the gap is over the others only",)
+                  "searched; the gap covers the configurations searched only",)
         return replace(plan, certificate=replace(cert, notes=notes, status=CertificateStatus.FEASIBLE))
     return replace(plan, certificate=replace(cert, notes=notes))
 
