@@ -17,6 +17,7 @@ own config code) and the table to docs/results/launch_price.md with the machine 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -58,13 +59,23 @@ def run(quick: bool, only: list[str] | None, threads: int, cap_s: float | None =
                            "wall_s": time.perf_counter() - t0, "stages": len(plan.stages), "gpus": plan.gpus_used,
                            "layout": f"tp{s.tp} cp{s.cp} dp{s.dp}" + (f" ep{s.ep}" if s.ep > 1 else "")
                                      + f" z{s.zero} {s.recompute} mb{s.micro_batch_size}",
-                           "islands": "/".join(st.island for st in plan.stages)}
+                           "islands": "/".join(st.island for st in plan.stages),
+                           "cut": _configurations_cut(plan)}
             r = row[target]
             print(f"  {target}: {r['step_s']:.4g} s ({100 * (r['step_s'] / free.step_time_s - 1):+.1f}%), gap "
                   f"{_pct(r['gap'])}, {r['stages']} stages x [{r['layout']}], {r['gpus']} GPUs, {r['wall_s']:.0f} s",
                   flush=True)
         rows.append(row)
     return rows
+
+
+def _configurations_cut(plan: to.Plan) -> tuple[int, int] | None:
+    """(configurations searched, configurations in all) when the time limit cut the launch space."""
+    for note in plan.certificate.notes if plan.certificate else ():
+        m = re.match(r"time limit: (\d+) of (\d+) uniform configurations", note)
+        if m:
+            return int(m.group(2)) - int(m.group(1)), int(m.group(2))
+    return None
 
 
 def _pct(x: float | None) -> str:
@@ -85,7 +96,9 @@ def page(rows: list[dict], quick: bool, threads: int, cap_s: float | None = None
            "the same tp, cp, ep, dp, ZeRO stage, recomputation and micro-batch, the framework's limits and "
            f"gradient-sync overlap; formulations/pipeline_mip.md §6), each with {limits}. "
            "**price** = launchable step time / whole-space step time - 1: what a launcher for heterogeneous "
-           "plans would be worth there. Gaps are each certificate's, in its own space.", "",
+           "plans would be worth there. Gaps are each certificate's, in its own space; where the time limit "
+           "stopped building a launch space, the gap covers the configurations searched (\"over K of M "
+           "configurations\") and the certificate is not a proof over that launch space.", "",
            "| scenario | GPUs | whole space: step s (gap) | " + " | ".join(
                f"{t}: step s, price (gap)" for t in FRAMEWORKS) + " |",
            "|---|---|---|" + "---|" * len(FRAMEWORKS)]
@@ -96,7 +109,10 @@ def page(rows: list[dict], quick: bool, threads: int, cap_s: float | None = None
             if "error" in x:
                 cells.append("not launchable: " + x["error"].replace("|", "/")[:140])
             else:
-                cells.append(f"{x['step_s']:.4g}, **{100 * (x['step_s'] / r['free_s'] - 1):+.1f}%** ({_pct(x['gap'])})")
+                cut = x.get("cut")
+                over = f" over {cut[0]:,} of {cut[1]:,} configurations: time limit" if cut else ""
+                cells.append(f"{x['step_s']:.4g}, **{100 * (x['step_s'] / r['free_s'] - 1):+.1f}%** "
+                             f"({_pct(x['gap'])}{over})")
         out.append("| " + " | ".join(cells) + " |")
     below = [f"{r['scenario']} ({t})" for r in rows for t in FRAMEWORKS
              if "step_s" in r.get(t, {}) and r[t]["step_s"] < r["free_s"]]

@@ -175,3 +175,17 @@ def test_comm_family_tiny_case_plans_and_reports(tmp_path: Path) -> None:
     # every table line has as many cells as the header (the before column included)
     table = [ln for ln in with_before.splitlines() if ln.startswith("|")]
     assert len({ln.count("|") for ln in table}) == 1
+
+
+def test_launch_price_page_marks_a_launch_space_cut_by_the_time_limit() -> None:
+    from benchmarks.launch_price import page
+
+    done = {"step_s": 7.0, "gap": 0.2, "wall_s": 15.0, "stages": 24, "gpus": 768, "layout": "tp1", "islands": "b200",
+            "cut": (60, 5184)}
+    whole = dict(done, cut=None, gap=0.0)
+    row = {"scenario": "s", "gpus": 1024, "free_s": 6.5, "free_gap": 0.1, "megatron": done, "deepspeed": whole,
+           "torchtitan": {"error": "not here"}}
+    text = page([row], quick=True, threads=1, cap_s=15)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| s |"))
+    assert "(20.00% over 60 of 5,184 configurations: time limit)" in line
+    assert line.count("configurations") == 1  # the uncut target's cell says nothing of the kind
