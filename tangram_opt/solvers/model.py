@@ -94,31 +94,27 @@ class LinExpr:
         of a model sum thousands of terms, and ``coef * var`` would make an expression of each."""
         return LinExpr({var.index: float(coef) for var, coef in pairs})
 
-    def __add__(self, other: object) -> LinExpr:
+    def _plus(self, other: object, sign: float) -> LinExpr:
+        """``self + sign * other`` as a new expression (``sign`` is 1 or -1: the negation is exact,
+        so a difference is the same numbers as ``self + other * -1``, without scaling a copy first).
+        The rows of a model add expressions over thousands of columns that mostly share none: the
+        shared ones are updated in place, the others appended in one comprehension."""
         o = LinExpr.of(other)
         out = self.copy()
         coefs, theirs = out.coefs, o.coefs
-        # the rows of a model add expressions over thousands of columns that mostly share none:
-        # the shared ones are updated in place, the others appended in one comprehension
         for i in coefs.keys() & theirs.keys():
-            coefs[i] += theirs[i]
-        coefs.update({i: 0.0 + c for i, c in theirs.items() if i not in coefs})
-        out.const += o.const
+            coefs[i] += sign * theirs[i]
+        coefs.update({i: 0.0 + sign * c for i, c in theirs.items() if i not in coefs})
+        out.const += sign * o.const
         return out
+
+    def __add__(self, other: object) -> LinExpr:
+        return self._plus(other, 1.0)
 
     __radd__ = __add__
 
     def __sub__(self, other: object) -> LinExpr:
-        # as __add__; the same numbers as ``self + other * -1`` (negation is exact), without
-        # scaling a copy first
-        o = LinExpr.of(other)
-        out = self.copy()
-        coefs, theirs = out.coefs, o.coefs
-        for i in coefs.keys() & theirs.keys():
-            coefs[i] -= theirs[i]
-        coefs.update({i: 0.0 - c for i, c in theirs.items() if i not in coefs})
-        out.const -= o.const
-        return out
+        return self._plus(other, -1.0)
 
     def __rsub__(self, other: object) -> LinExpr:
         return self * -1 + other
