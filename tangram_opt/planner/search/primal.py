@@ -185,7 +185,6 @@ class PrimalHeuristics:
                 break
             self.improve_plan(sub, now + (deadline - now) / (len(best) - i))
         self.neighbourhood_from = self.inc_s
-        self.neighbourhood_spent += time.perf_counter() - start
 
     def kick_turn(self) -> None:
         """Between nodes: while the neighbourhood search has had less than ``NEIGHBOURHOOD_SHARE``
@@ -201,35 +200,33 @@ class PrimalHeuristics:
         if not subs:
             return
         self.kick_turns += 1
-        start = time.perf_counter()
-        self.improve_plan(subs[self.kick_turns % len(subs)], start + tuning.NEIGHBOURHOOD_SLICE_S,
+        self.improve_plan(subs[self.kick_turns % len(subs)], time.perf_counter() + tuning.NEIGHBOURHOOD_SLICE_S,
                           seed=self.seed + self.kick_turns)
-        self.neighbourhood_spent += time.perf_counter() - start
 
     def improve_incumbent(self) -> None:
         """A new incumbent (from any heuristic or leaf) is improved by the neighbourhood search for
         ``tuning.NEIGHBOURHOOD_TURN_SHARE`` of the time limit (at least ``NEIGHBOURHOOD_TURN_MIN_S``)."""
         if self.inc is None or self.inc_s >= self.neighbourhood_from:
             return
-        start = time.perf_counter()
         budget = min(self.remaining(), max(tuning.NEIGHBOURHOOD_TURN_MIN_S,
                                            tuning.NEIGHBOURHOOD_TURN_SHARE * self.time_limit_s))
-        self.improve_plan(self.subs[self.inc[0]], start + budget)
+        self.improve_plan(self.subs[self.inc[0]], time.perf_counter() + budget)
         self.neighbourhood_from = self.inc_s
-        self.neighbourhood_spent += time.perf_counter() - start
 
     def improve_plan(self, sub: SubProblem, deadline: float, kicks: int | None = None, seed: int | None = None) -> None:
         """Offer the best plan the neighbourhood search reaches from ``sub``'s best plan by ``deadline``
         (at most ``kicks`` kicks when given: 0 is one descent; kicks seeded by ``seed``, else the
-        search's seed)."""
+        search's seed). Its time counts in ``neighbourhood_spent`` (what :meth:`kick_turn` rations)."""
         if sub.best_choices is None:
             return
+        start = time.perf_counter()
         table = self.candidate_times.get(sub.b)
         if table is None:
             table = self.candidate_times[sub.b] = CandidateTimes(sub.problem)
         choices, t = improve(sub.problem, sub.best_choices, deadline, table,
                              seed=self.seed if seed is None else seed, kicks=kicks)
         self.offer(sub.b, choices, t)
+        self.neighbourhood_spent += time.perf_counter() - start
 
 
 __all__ = ["PrimalHeuristics"]
