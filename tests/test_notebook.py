@@ -91,14 +91,23 @@ def _shown(cell) -> set[str]:
     return kinds
 
 
+def _missing_outputs(nb) -> list[tuple[int, list[str]]]:
+    """(cell index, output kinds) of the code cells that lack outputs their code produces."""
+    out = []
+    for i, c in enumerate(nb.cells):
+        lacking = _expected_output(c.source) - _shown(c) if c.cell_type == "code" else set()
+        if lacking:
+            out.append((i, sorted(lacking)))
+    return out
+
+
 def test_stored_notebook_is_executed():
     """The committed notebook carries its fast-mode outputs (tables, generated text, figures), so a reader
     sees them on GitHub without running it: python docs/notebooks/build.py --execute refreshes it."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     hint = "docs/notebooks/solver_gaps.ipynb is stored without its outputs: run python docs/notebooks/build.py --execute"
-    missing = [(i, sorted(_expected_output(c.source) - _shown(c))) for i, c in enumerate(nb.cells)
-               if c.cell_type == "code" and _expected_output(c.source) - _shown(c)]
+    missing = _missing_outputs(nb)
     assert not missing, f"{hint}; cells without the outputs their code produces: {missing}"
     assert sum(bool(c.outputs) for c in code) >= 0.75 * len(code), hint
     assert sum("image/png" in _shown(c) for c in code) >= 7  # the figures are among them
@@ -122,9 +131,7 @@ def test_notebook_runs_in_fast_mode():
 
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
-    missing = [(i, sorted(_expected_output(c.source) - _shown(c))) for i, c in enumerate(nb.cells)
-               if c.cell_type == "code" and _expected_output(c.source) - _shown(c)]
-    assert not missing
+    assert not _missing_outputs(nb)
     streams = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
                       if o.output_type == "stream")
     line = next(ln for ln in streams.splitlines() if ln.startswith("NOTEBOOK_SUMMARY "))
