@@ -45,10 +45,14 @@ def instances(draw):
 
 def _types_of(mip: AggregatedMIP, plan) -> bool:
     """True when every stage of ``plan`` is one of the model's stage types (not Pareto-pruned)."""
+    return _in_types(mip.types, mip.problem.kinds, plan)
+
+
+def _in_types(types, kinds, plan) -> bool:
     roles = ["first"] + ["mid"] * (len(plan) - 2) + ["last"]
     for role, st_ in zip(roles, plan):
-        layers = tuple(sorted({k: st_.layers.get(k, 0) for k in mip.problem.kinds}.items()))
-        if not any(t.candidate == st_.candidate and t.layers == layers for t in mip.types[role]):
+        layers = tuple(sorted({k: st_.layers.get(k, 0) for k in kinds}.items()))
+        if not any(t.candidate == st_.candidate and t.layers == layers for t in types[role]):
             return False
     return True
 
@@ -186,8 +190,10 @@ def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
     times = sorted(t for t, _ in plans)
     checked = fixed_total = 0
     for cutoff in (times[len(times) // 20], times[len(times) // 5], times[len(times) // 2]):
-        types = enumerate_types(problem, cutoff)
-        mip = AggregatedMIP(problem, FormulationOptions(cutoff_s=cutoff, tick_s=_tick_for(cutoff)), all_types=types,
+        # the types and rows of no cutoff, which prunes some types by their tails before any LP:
+        # the LP's cutoff alone then fixes them
+        types = enumerate_types(problem)
+        mip = AggregatedMIP(problem, FormulationOptions(tick_s=_tick_for(cutoff)), all_types=types,
                             upper_tmax_s=cutoff / problem.num_micro_batches).build()
         lp = lp_relaxation_bound(mip.model, cutoff=cutoff / mip.options.tick_s)
         assert lp is not None
@@ -203,7 +209,38 @@ def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
             assert not used & fixed, f"a plan of {t:.4f} s (< cutoff {cutoff:.4f} s) uses a fixed type"
             checked += 1
         # a child window built without the fixed types still holds every such plan
-        child = AggregatedMIP(problem, FormulationOptions(cutoff_s=cutoff, tick_s=_tick_for(cutoff)), all_types=types,
+        child = AggregatedMIP(problem, FormulationOptions(tick_s=_tick_for(cutoff)), all_types=types,
                               upper_tmax_s=cutoff / problem.num_micro_batches, excluded_types=fixed).build()
         assert sum(len(v) for v in child.types.values()) == sum(len(v) for v in mip.types.values()) - len(fixed)
     assert checked >= 20 and fixed_total >= 10, (checked, fixed_total)
+
+
+def test_types_cut_by_their_own_tail_appear_in_no_better_plan():
+    # a cutoff drops every type with m T_s + tail_s above it, and a window every type with
+    # (m - 1) max(lo, T_s) + T_s + tail_s above it: no plan of a smaller step may use one
+    cluster = make_cluster("slow", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
+                                    dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
+                          seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    every = enumerate_types(problem)
+    plans = [(choices_timing(problem, list(p)), p) for p in enumerate_plans(problem) if len(p) >= 2]
+    times = sorted(t.step_time_s for t, _ in plans)
+    checked = cut_total = 0
+    for cutoff in (times[len(times) // 20], times[len(times) // 5], times[len(times) // 2]):
+        m = problem.num_micro_batches
+        types = enumerate_types(problem, cutoff)
+        cut = [t for ts in every.values() for t in ts if (cutoff - t.tail_s) / m < t.time_s <= cutoff / m]
+        assert not any(t in ts for t in cut for ts in types.values())
+        cut_total += len(cut)
+        for timing, plan in plans:
+            if timing.step_time_s >= cutoff or not _in_types(every, problem.kinds, plan):
+                continue
+            lam = timing.bottleneck_s
+            mip = AggregatedMIP(problem, FormulationOptions(cutoff_s=cutoff, tick_s=_tick_for(cutoff)), all_types=types,
+                                lower_tmax_s=lam * 0.99, upper_tmax_s=lam * 1.01).build()
+            assert not mip.empty and _types_of(mip, plan), f"a plan of {timing.step_time_s:.4f} s lost a stage type"
+            checked += 1
+    assert checked >= 20 and cut_total >= 10, (checked, cut_total)

@@ -89,8 +89,13 @@ class AggregatedMIP(OrderRows):
         skip = self.excluded_types
         # (role, candidate) first: hashing the layer counts of every type is most of the filter's time
         skipped = {(role, ci) for role, ci, _ in skip}
+        # a stage's own tail and its step at the window's period reach the cutoff: no plan better
+        # than it uses the type here (step >= (m - 1) lambda + T_s + tail_s, §3 "Stage types")
+        m_1, lo_t = p.num_micro_batches - 1, 0.0 if gpipe_ else self.lower_tmax_s
+        cut = o.cutoff_s * (1 + 1e-12) if o.cutoff_s else math.inf
         self.types = {role: [t for t in ts if (max(t.fwd_s, t.bwd_s) if gpipe_ else t.time_s) <= hi * (1 + 1e-12)
                              and t.tail_s <= self.upper_tail_s
+                             and m_1 * max(lo_t, t.time_s) + t.time_s + t.tail_s <= cut
                              and ((role, t.candidate) not in skipped or (role, t.candidate, t.layers) not in skip)]
                       for role, ts in types.items()}
         if self.lower_tail_s is not None and not any(t.tail_s > self.lower_tail_s for ts in self.types.values()

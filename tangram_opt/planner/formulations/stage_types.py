@@ -96,14 +96,19 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
     micro-batches in flight. Swapping it in keeps a plan feasible and never lengthens its
     closed-form step: the sum of stage times (and twice that of the links) drops by at least as
     much as a smaller backward (or link) can expose of downstream tails
-    (formulations/pipeline_mip.md §3).
+    (formulations/pipeline_mip.md §3). With ``cutoff_s``, types that no plan of a smaller step can
+    use are left out: a stage slower than ``cutoff_s / m``, or with ``m T_s + tail_s`` above it.
     """
     m = problem.num_micro_batches
     gpipe = problem.schedule == "gpipe"
     q_mid = inflight_from_end(1, m, problem.schedule)  # the fewest a middle or first stage holds
     kinds = problem.kinds
     two_kinds = len(kinds) == 2
-    tmax_cap = cutoff_s / m if cutoff_s else math.inf
+    # a plan of step below the cutoff has every stage at most cutoff / m (the period is at least
+    # the slowest stage), and m T_s + tail_s at most the cutoff (step >= makespan + the stage's tail
+    # less its upstream backward and links, which the makespan holds: formulations/pipeline_mip.md §3)
+    cutoff = cutoff_s if cutoff_s else math.inf
+    tmax_cap = cutoff / m
     out: dict[str, list[StageType]] = {r: [] for r in ROLES}
     for ci, c in enumerate(problem.candidates):
         for role in ROLES:
@@ -126,6 +131,8 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
                     break
                 if gpipe and tol < m:
                     continue
+                if t.time_s * m + t.tail_s > cutoff:
+                    continue  # its own tail, exposed or covered by its own step, reaches the cutoff
                 out[role].append(t)
     cands = problem.candidates
     for role in ROLES:
