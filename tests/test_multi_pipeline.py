@@ -426,6 +426,30 @@ def test_strengthened_level2_rows_keep_the_best_plan_feasible(monkeypatch, insta
     assert out[True].objective_s == pytest.approx(best.objective_s, rel=1e-9)
 
 
+def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypatch, instance):
+    """The max-at-least-average rows (R Rho >= sum of the replicas' ratios, R Tpipe >= sum of their
+    CF') are valid (the bound stays under the brute-force optimum) and, on the two-zone instance
+    (zone patterns: R is left fractional), lift the root LP where the "template used" binaries
+    alone price Rho at the smallest ratio."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+
+    def level2():
+        return solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
+                            backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+
+    with_rows = level2()
+    monkeypatch.setattr(l2, "_average_rows", lambda *a, **k: None)
+    without = level2()
+    tick = with_rows.info["tick_s"]
+    for key in ("root_lp_bound_s", "branched_lp_bound_s"):
+        assert with_rows.info[key] >= without.info[key] - 1e-3 * tick
+        assert with_rows.info[key] - tick <= best.objective_s * (1 + 1e-12)
+    if ctx.space.schedule == "gpipe":  # the two-zone instance
+        assert with_rows.info["root_lp_bound_s"] > without.info["root_lp_bound_s"] * 1.01
+
+
 def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, instance):
     """With a cutoff under the LP bound (less its tick), no plan of the model beats the cutoff: the
     level answers "nothing better" from the LP alone, without a MIP solve, and the brute force agrees."""

@@ -22,7 +22,8 @@ from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.ticks import LEVEL2_TICKS, rounders, tick_for
 from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_factor
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
-from tangram_opt.solvers import LinearModel, SolveOptions, SolveStatus, lp_relaxation_bound, lsum, relative_gap, solve_model
+from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, Var, lp_relaxation_bound, lsum, relative_gap,
+                                 solve_model)
 
 
 @dataclass(slots=True)
@@ -293,6 +294,10 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         return zlat[R] * span if span is not None else 0
 
     md.add(x >= rho + lat[2] + zl(2), "sync_R2")  # 2(R-1)/R >= 1 and latencies grow with R
+    if strengthen:
+        _average_rows(md, y, lsum(n.values()), (
+            ("rho", rho, rho_ub, [(fl(t.ratio_s), n[t.index, m]) for t, m, _ in pairs]),
+            ("pipe", tp, cf_max, [(fl(cf), n[t.index, m]) for t, m, cf in pairs])))
     for R, yv in y.items():
         big = 2 * (R - 1) * rho_ub + R * (lat[R] + zlat[R])
         md.add(R * x >= 2 * (R - 1) * rho + R * lat[R] + R * zl(R) - big * (1 - yv), f"sync[{R}]")
@@ -452,6 +457,23 @@ class _ZoneBounds:
 
 #: zone binaries enumerated by the branched bound (2^Z patterns)
 MAX_BRANCH_ZONES = 3
+
+
+def _average_rows(md: LinearModel, y: dict[int, Any], replicas: Any,
+                  maxima: Sequence[tuple[str, Var, float, list[tuple[float, Var]]]]) -> None:
+    """A maximum over the R pipelines is at least their average (issue 27): ``R M >= sum_p a_p``
+    for ``M`` = ``Rho`` (``a`` = the ratio of each replica's template) and ``M`` = ``Tpipe``
+    (``a`` = its CF'). The product ``R M`` is linear once R is known: one row per R, switched off by
+    a big-M when ``y[R] = 0`` and exact in the R patterns of the branched LP; and McCormick's
+    over-estimator on ``R in [2, R_max]``, ``M >= lb``, ``R M <= R_max M - lb (R_max - R)``, for the
+    root LP and the zone patterns (formulations/multi_pipeline.md). The fractional "template used"
+    binaries let the LP price ``Rho`` at the smallest ratio of any template otherwise."""
+    rmax = max(y)
+    for name, var, ub, terms in maxima:
+        total = lsum(a * v for a, v in terms if a > 0)
+        for R, yv in y.items():
+            md.add(R * var - total >= -rmax * ub * (1 - yv), f"{name}_avg[{R}]")
+        md.add(rmax * var + var.lb * replicas - total >= rmax * var.lb, f"{name}_avg")
 
 
 def _patterns(zs: _ZoneBounds, y: dict[int, Any]) -> list[dict[Any, int]]:
