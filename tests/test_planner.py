@@ -149,6 +149,35 @@ def test_a_resumed_search_keeps_its_nodes_and_proves_the_optimum(instance, leave
     assert cert.objective_s == pytest.approx(best.step_time_s, rel=1e-7) and cert.status == "optimal"
 
 
+@pytest.mark.parametrize("outside", [0.99, 1.001])
+def test_a_search_resumed_under_an_outside_plan_bounds_its_space_up_to_that_plan(instance, outside):
+    # the multi-pipeline level's plan is better than the single-pipeline incumbent: the resumed
+    # search prunes against it (api._multi_pipeline_level). Below the optimum nothing of this space
+    # beats it: the bound reaches it and the certificate keeps the incumbent's own objective; above,
+    # the search still finds the optimum
+    import time
+
+    from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+
+    cluster, model, training, space, best = instance
+    knobs = _leaves("sequence", space).resolved(space.schedule, 60.0)
+    t0 = time.perf_counter()
+    search = BranchAndBound(PlanningContext(cluster, model, training, space=space), backend=BACKENDS[0],
+                            time_limit_s=0.0, threads=1, seed=0, rel_gap=1e-9, formulation=knobs.formulation,
+                            windows=bool(knobs.windows), fluid_cuts=knobs.fluid_cuts, knapsack=bool(knobs.knapsack),
+                            sequence=bool(knobs.sequence_leaves), warm_start=knobs.warm_start, on_progress=None, t0=t0)
+    first = search.run().certificate
+    cutoff = best.step_time_s * outside
+    if first.objective_s <= cutoff:
+        pytest.skip("the warm start is already better than the outside plan")
+    cert = search.resume(time.perf_counter() - t0 + 60.0, cutoff_s=cutoff).certificate
+    assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
+    if outside < 1:
+        assert cert.objective_s == first.objective_s and cert.bound_s >= cutoff * (1 - 1e-6)
+    else:
+        assert cert.objective_s == pytest.approx(best.step_time_s, rel=1e-7) and cert.status == "optimal"
+
+
 class _FreshRows:
     """A candidate provider that returns new row objects on every call (as a user's may)."""
 

@@ -213,7 +213,8 @@ def _multi_pipeline_level(ctx: PlanningContext, search: BranchAndBound, single: 
     until = tuning.RESUME_DEADLINE_SHARE * time_limit_s
     binding = cert.bound_s is not None and cert.bound_s < run.level2.bound_s
     if binding and cert.status != "optimal" and until - (time.perf_counter() - t0) >= tuning.RESUME_MIN_S:
-        single = search.resume(until)
+        better = run.level2.objective_s  # only single pipelines better than the level-2 plan matter now
+        single = search.resume(until, cutoff_s=better if better is not None and better < cert.objective_s else None)
         plan = combine_levels(ctx, single, run, opts, t0=t0, backend=backend, rel_gap=rel_gap)
     return plan
 

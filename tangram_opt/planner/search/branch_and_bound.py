@@ -89,6 +89,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         self.floor: dict[int, float] = {}  # per b: the bound an earlier pass proved
         self.inc_s = math.inf
         self.inc: tuple[int, list[StageChoice]] | None = None
+        #: the incumbent's own objective while ``inc_s`` is a better plan's from outside this
+        #: search's space (``resume(cutoff_s=...)``: only plans better than that one matter)
+        self.inc_own_s: float | None = None
         self.seeds: dict[int, tuple[float, list[StageChoice]]] = {}
         #: the incumbent step time the neighbourhood search last started from, and each pipeline
         #: micro-batch size's candidate time table for it (primal.py)
@@ -120,7 +123,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
             sub.best_tail_max_s = max(st.tail_s for st in stages)
             sub.best_choices = list(choices)
         if t < self.inc_s:
-            self.inc_s, self.inc = t, (b, choices)
+            self.inc_s, self.inc, self.inc_own_s = t, (b, choices), None
 
     def sub_bound(self, sub: SubProblem) -> float:
         """Lower bound of everything in sub-problem ``sub`` (its one-stage optimum included)."""
@@ -234,11 +237,17 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 continue
             self.root(sub)
 
-    def resume(self, until_s: float) -> Plan:
+    def resume(self, until_s: float, cutoff_s: float | None = None) -> Plan:
         """Search on from where :meth:`run` stopped (its open nodes, closed bounds, floors and
         incumbent) until ``until_s`` seconds after the start; the plan with the new certificate.
-        ``solve`` gives the single-pipeline search the time the multi-pipeline level left over."""
+        ``solve`` gives the single-pipeline search the time the multi-pipeline level left over.
+        ``cutoff_s``: the objective of a better plan outside this space (the multi-pipeline
+        level's): nodes then close at it, as they would at an incumbent, and the certificate's bound
+        is a bound of this space that needs to be no higher than it."""
         self.time_limit_s = until_s
+        if cutoff_s is not None and cutoff_s < self.inc_s:
+            self.inc_own_s = self.inc_own_s if self.inc_own_s is not None else self.inc_s
+            self.inc_s = cutoff_s
         live = [s for s in self.subs.values() if s.problem.candidates]
         for sub in live:
             if sub.status == "not finished (time limit)":
@@ -524,7 +533,8 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
             raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend "
                                   f"{self.backend!r}; raise time_limit_s or try another backend")
         bound = self.global_bound()
-        gap = relative_gap(self.inc_s, bound) if math.isfinite(bound) else None
+        objective = self.inc_s if self.inc_own_s is None else self.inc_own_s
+        gap = relative_gap(objective, bound) if math.isfinite(bound) else None
         # nodes close at the target, incumbent * (1 - rel_gap): allow its floating-point rounding
         status = CertificateStatus.OPTIMAL if gap is not None and gap <= max(self.rel_gap, 1e-6) * (1 + 1e-9) \
             else CertificateStatus.FEASIBLE
@@ -543,7 +553,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                          "candidates": len(s.problem.candidates), **s.info})
         greedy_best = min((t for t, _ in self.seeds.values()), default=None)
         cert = Certificate(
-            status=status, backend=self.backend, objective_s=self.inc_s, bound_s=bound, gap=gap,
+            status=status, backend=self.backend, objective_s=objective, bound_s=bound, gap=gap,
             solve_time_s=self.elapsed(), plan_space=space_text, subproblems=tuple(rows),
             trajectory=tuple((e.elapsed_s, e.incumbent_s, e.bound_s) for e in self.events),
             notes=(f"formulation: {self.formulation}" + (" with bottleneck windows" if self.windows else "")
