@@ -480,3 +480,47 @@ def test_the_bundled_cbc_log_counts_the_constant(bundled_cbc, const):
     res = solve_model(m, "pulp-cbc", SolveOptions(time_limit_s=20))
     assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(opt)
     assert opt - gap_allowance(opt, -const) <= res.bound <= opt + 1e-9
+
+
+def test_lp_relaxations_of_forks_reuse_the_parents_rows_and_basis_with_the_same_optima():
+    # a window's stage-range children are forks of its model with rows added: HiGHS gets the
+    # parent's rows in array form and its optimal basis (highs.py); every optimum must be the one
+    # of a cold solve of the same model
+    import random
+
+    import numpy as np
+
+    from tangram_opt.solvers.highs import HighsBackend, _rows
+
+    rng = random.Random(7)
+    md = LinearModel(name="forks")
+    xs = [md.add_var(f"x{i}", 0, rng.choice([1, 3, 10]), integer=True) for i in range(30)]
+    for j in range(40):
+        picked = rng.sample(xs, 6)
+        md.add(sum((rng.randint(1, 9) * v for v in picked), LinExpr()) >= rng.randint(5, 40), f"cover{j}")
+    md.minimize(sum((rng.randint(1, 20) * v for v in xs), LinExpr()))
+    relax = dict(relax=True)
+
+    def cold(model: LinearModel):
+        copy = LinearModel(name="cold", vars=list(model.vars), constraints=list(model.constraints),
+                           objective=model.objective)
+        return HighsBackend().solve(copy, SolveOptions(), **relax)
+
+    parent = HighsBackend().solve(md, SolveOptions(), **relax)
+    assert "basis" in md.lp_cache and md.lp_cache["rows"][0] == 40
+    optimal = 0
+    for k in range(5):
+        child = md.fork()
+        picked = rng.sample(xs, 5)
+        child.add(sum((v for v in picked), LinExpr()) >= 2 + k, f"more{k}")
+        child.set_upper_bound(xs[k].index, 0.0)
+        got, want = HighsBackend().solve(child, SolveOptions(), **relax), cold(child)
+        assert got.status == want.status
+        if want.status == SolveStatus.OPTIMAL:
+            optimal += 1
+            assert got.objective == pytest.approx(want.objective, rel=1e-9) and got.objective >= parent.objective - 1e-9
+        # the cached prefix plus the new row are the arrays a cold conversion gives
+        fresh = LinearModel(name="fresh", vars=child.vars, constraints=list(child.constraints))
+        for a, b in zip(_rows(child, np), _rows(fresh, np)):
+            assert np.array_equal(a, b)
+    assert optimal >= 3 and md.lp_cache["rows"][0] == 40  # the forks' rows stay theirs

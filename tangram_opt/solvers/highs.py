@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+from typing import Any
 
 from tangram_opt.solvers.model import LinearModel
 from tangram_opt.solvers.protocol import (Backend, SolveOptions, SolveResult, SolveStatus, Trajectory, number_or_none,
@@ -40,6 +41,37 @@ _HIGHS_POOL_THREADS: int | None = None
 #: the HiGHS heuristics ``SolveOptions(heuristics=False)`` switches off
 HIGHS_SUB_MIP_HEURISTICS = ("mip_heuristic_run_rens", "mip_heuristic_run_rins", "mip_heuristic_run_root_reduced_cost",
                             "mip_heuristic_run_feasibility_jump")
+
+
+def _rows(model: LinearModel, np: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The rows in the arrays of HiGHS's row-wise ``passModel``: starts (with the end), column
+    indices, values, lower and upper bounds. Rows never change once added (``LinearModel.add``), so
+    the arrays of a prefix are kept in ``model.lp_cache`` and a fork converts only its new rows
+    (on a window's stage-range children, most of what an LP relaxation cost in Python)."""
+    rows = model.constraints
+    m = len(rows)
+    cached = model.lp_cache.get("rows")
+    k = 0
+    if cached is not None and 0 < cached[0] <= m and rows[cached[0] - 1] is cached[1]:
+        k = cached[0]
+    new = rows[k:]
+    lengths = np.fromiter((len(c.coefs) for c in new), dtype=np.int32, count=m - k)
+    index = np.fromiter(itertools.chain.from_iterable(c.coefs.keys() for c in new), dtype=np.int32,
+                        count=int(lengths.sum()))
+    value = np.fromiter(itertools.chain.from_iterable(c.coefs.values() for c in new), dtype=float, count=len(index))
+    lb = np.fromiter((c.lb for c in new), dtype=float, count=m - k)
+    ub = np.fromiter((c.ub for c in new), dtype=float, count=m - k)
+    if k:
+        start0, index0, value0, lb0, ub0 = cached[2]
+        start = np.concatenate((start0, start0[-1] + np.cumsum(lengths, dtype=np.int32)))
+        index, value = np.concatenate((index0, index)), np.concatenate((value0, value))
+        lb, ub = np.concatenate((lb0, lb)), np.concatenate((ub0, ub))
+    else:
+        start = np.zeros(m + 1, dtype=np.int32)
+        np.cumsum(lengths, out=start[1:])
+    if m:
+        model.lp_cache["rows"] = (m, rows[m - 1], (start, index, value, lb, ub))
+    return start, index, value, lb, ub
 
 
 class HighsBackend(Backend):
@@ -78,25 +110,29 @@ class HighsBackend(Backend):
         cost = np.zeros(n)
         for i, a in model.objective.coefs.items():
             cost[i] = a
-        lengths = np.fromiter((len(c.coefs) for c in model.constraints), dtype=np.int32, count=m)
-        start = np.zeros(m + 1, dtype=np.int32)
-        np.cumsum(lengths, out=start[1:])
+        start, index, value, row_lb, row_ub = _rows(model, np)
         nnz = int(start[-1])
-        index = np.fromiter(itertools.chain.from_iterable(c.coefs.keys() for c in model.constraints),
-                            dtype=np.int32, count=nnz)
-        value = np.fromiter(itertools.chain.from_iterable(c.coefs.values() for c in model.constraints),
-                            dtype=float, count=nnz)
         mip = not relax and any(v.integer for v in model.vars)
         integrality = np.fromiter((1 if mip and v.integer else 0 for v in model.vars), dtype=np.int32, count=n)
         passed = h.passModel(n, m, nnz, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                              float(model.objective.const), cost,
                              np.fromiter((v.lb for v in model.vars), dtype=float, count=n),
                              np.fromiter((v.ub for v in model.vars), dtype=float, count=n),
-                             np.fromiter((c.lb for c in model.constraints), dtype=float, count=m),
-                             np.fromiter((c.ub for c in model.constraints), dtype=float, count=m),
-                             start[:-1], index, value, integrality)
+                             row_lb, row_ub, start[:-1], index, value, integrality)
         if passed == highspy.HighsStatus.kError:
             return SolveResult(status=SolveStatus.ERROR, backend=self.name, message="HiGHS rejected the model")
+        basis = model.lp_cache.get("basis") if relax else None
+        if basis is not None and len(basis[0]) == n and len(basis[1]) <= m:
+            # the last optimal basis of this model or of the model it was forked from (the same
+            # columns, a prefix of the rows; the new rows' slacks enter basic): a window's child LP
+            # starts where its parent's ended instead of from scratch
+            status = [highspy.HighsBasisStatus(i) for i in range(5)]
+            warm = highspy.HighsBasis()
+            warm.col_status = [status[i] for i in basis[0].tolist()]
+            warm.row_status = [status[i] for i in basis[1].tolist()] + [highspy.HighsBasisStatus.kBasic] * (
+                m - len(basis[1]))
+            warm.valid = True
+            h.setBasis(warm)  # a basis HiGHS rejects leaves it to start cold
         for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
                          ("mip_abs_gap", 0.5 if not relax and model.is_integral else 1e-9), ("random_seed", int(options.seed)),
                          ("threads", threads)):
@@ -147,6 +183,11 @@ class HighsBackend(Backend):
                 bound = optimal_bound(obj, dual, options.rel_gap) if optimal else dual
             traj.record(obj, bound, elapsed)
             rc = list(h.getSolution().col_dual) if (relax and optimal) else None
+            if relax and optimal:
+                got = h.getBasis()
+                if got.valid:
+                    model.lp_cache["basis"] = (np.fromiter((int(x) for x in got.col_status), dtype=np.int8, count=n),
+                                               np.fromiter((int(x) for x in got.row_status), dtype=np.int8, count=m))
             return SolveResult(status=SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, backend=self.name,
                                objective=obj, bound=bound, values=vals, solve_time_s=elapsed, trajectory=traj.points,
                                reduced_costs=rc)

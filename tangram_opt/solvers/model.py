@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 Number = Union[int, float]
 
@@ -188,12 +188,17 @@ class LinearModel:
     objective: LinExpr = field(default_factory=LinExpr)
     hint: dict[int, float] = field(default_factory=dict)
     _names: set[str] = field(default_factory=set, repr=False)
+    #: what an LP backend kept of its last relaxation of this model, for the next one of it or of a
+    #: fork (the HiGHS backend: the rows in its array form and the optimal basis); never part of the model
+    lp_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def fork(self) -> LinearModel:
         """A copy that shares the constraints built so far (they are never changed after
-        :meth:`add`), so rows and bound changes on the copy leave this model as it is."""
+        :meth:`add`), so rows and bound changes on the copy leave this model as it is. The copy
+        starts from this model's LP cache (its rows are a prefix of the copy's)."""
         return LinearModel(name=self.name, vars=list(self.vars), constraints=list(self.constraints),
-                           objective=self.objective, hint=dict(self.hint), _names=set(self._names))
+                           objective=self.objective, hint=dict(self.hint), _names=set(self._names),
+                           lp_cache=dict(self.lp_cache))
 
     def add_var(self, name: str, lb: float = 0.0, ub: float = math.inf, *, integer: bool = False) -> Var:
         if lb > ub:
