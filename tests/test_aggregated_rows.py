@@ -174,18 +174,22 @@ def test_support_class_best_is_the_exhaustive_best_of_its_class():
         assert abs(got[0] - best_of[key]) <= 1e-12 * best_of[key], key
 
 
+def _two_island_problem(*groups: dict):
+    """Llama-3-8B cut to 5 layers on two islands of 2 x 2 GPUs, up to 4 stages, b = 2 (m = 8)."""
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(make_cluster("two", list(groups)), load_model("llama-3-8b").with_layers(5),
+                          TrainingSpec(global_batch_size=16, seq_len=1024), space=space)
+    return ctx.problem(2)
+
+
 def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
     # windows inherit the stage types their parent's LP fixed to 0: no plan of the window that
     # beats the cutoff may use one of them, or the children would lose it for good
     from tangram_opt.solvers.backends import lp_relaxation_bound
 
-    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
-                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
-    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
-                        pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
-                          seq_len=1024), space=space)
-    problem = ctx.problem(2)
+    problem = _two_island_problem(dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25))
     plans = [(choices_timing(problem, list(p)).step_time_s, p) for p in enumerate_plans(problem) if len(p) >= 2]
     times = sorted(t for t, _ in plans)
     checked = fixed_total = 0
@@ -218,13 +222,8 @@ def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
 def test_types_cut_by_their_own_tail_appear_in_no_better_plan():
     # a cutoff drops every type with m T_s + tail_s above it, and a window every type with
     # (m - 1) max(lo, T_s) + T_s + tail_s above it: no plan of a smaller step may use one
-    cluster = make_cluster("slow", [dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
-                                    dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10)])
-    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
-                        pipeline_micro_batches=(2,))
-    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5), TrainingSpec(global_batch_size=16,
-                          seq_len=1024), space=space)
-    problem = ctx.problem(2)
+    problem = _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
+                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
     every = enumerate_types(problem)
     plans = [(choices_timing(problem, list(p)), p) for p in enumerate_plans(problem) if len(p) >= 2]
     times = sorted(t.step_time_s for t, _ in plans)
