@@ -243,3 +243,39 @@ def test_types_cut_by_their_own_tail_appear_in_no_better_plan():
             assert not mip.empty and _types_of(mip, plan), f"a plan of {timing.step_time_s:.4f} s lost a stage type"
             checked += 1
     assert checked >= 20 and cut_total >= 10, (checked, cut_total)
+
+
+def test_island_block_rows_are_tight_on_plans_whose_island_run_sets_the_period():
+    # a run of stages on one island, all of one side, whose block (r stages, r - 1 inner links) is
+    # the plan's period: its island's row prices it exactly (up to the ticks' rounding), so the
+    # rows are as strong as their derivation says; _check_point checks that every row holds
+    problem = _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
+                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
+    cands = problem.candidates
+    types = enumerate_types(problem)
+    checked = 0
+    for plan in enumerate_plans(problem):
+        if len(plan) < 3 or not _in_types(types, problem.kinds, plan):
+            continue
+        timing = choices_timing(problem, list(plan))
+        lam, links = timing.bottleneck_s, problem.boundaries_s(list(plan))
+        on = [cands[st_.candidate].island for st_ in plan]
+        for i in set(on):
+            ks = [k for k, j in enumerate(on) if j == i]
+            link = problem.links[i, i]
+            sides = {max(link.side_s(cands[plan[k].candidate]), link.shared_s) for k in ks}
+            if len(ks) < 2 or ks[-1] - ks[0] + 1 != len(ks) or len(sides) > 1:
+                continue  # not one run of one side
+            block = (sum(timing.stages[k].time_s for k in ks) + 2 * sum(links[k] for k in ks[:-1])) / len(ks)
+            if block < lam * (1 - 1e-9):
+                continue  # the run does not set the period
+            # nanosecond ticks: rounding is then far below any time the rows price (a latency is 20 us)
+            mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
+                                upper_tmax_s=lam * (1 + 1e-9)).build()
+            x = _check_point(mip, plan, timing.step_time_s, f"island {i} run of {len(ks)}")
+            rows = [c for c in mip.model.constraints if c.name.startswith(f"island_block_hi[{i}|")]
+            slack = min(sum(v * x[j] for j, v in c.coefs.items()) - c.lb for c in rows)
+            # a tick per stage for its rounded time and for hi's, one for the run's take-back
+            assert slack <= 2 * len(ks) + 1, f"island {i}: a run of {len(ks)} setting the period leaves {slack} ticks"
+            checked += 1
+    assert checked >= 5, checked

@@ -333,6 +333,7 @@ class AggregatedMIP(OrderRows):
                 md.add(2 + n_mid >= m * (1 - short), "short_def2")
                 relax = big * (1 - short)
             self._cycle_rows(max(2, p.min_stages), R, relax, "")
+            self._island_block_rows(relax)
         if not gpipe and m > 2 and math.isfinite(hi):
             # two neighbours a, b form a block: lambda >= (T_a + T_b) / 2 + c_ab. Inside the window
             # (lambda <= hi) they are compatible only if T_a + T_b + 2 c_ab <= 2 hi. A set H of

@@ -12,6 +12,7 @@ as methods of the model class, which builds them from its own variables.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 16
+#: island-block rows (``_island_block_rows``) for every set of at most this many islands
+ISLAND_BLOCK_SETS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,61 @@ class OrderRows:
                                                  for si, var in group.items())
             at_least(hi_t, 1, first - 1, trimmed, f"cycle_{end}_hi{tag}")
             at_least(lo_t, 1, last - 1, trimmed, f"cycle_{end}_lo{tag}")
+
+    def _island_block_rows(self, relax: LinExpr) -> None:
+        """The stages of a set of islands G, block by block.
+
+        A maximal run of r consecutive stages on G is a block: r Smax >= sum T + 2 sum c over
+        its r - 1 inner boundaries (when r < m, as every run is when P < m: ``relax`` switches
+        the rows off otherwise). An inner boundary takes c_uv >= lat + max(s_u, s_v), lat the
+        smallest latency of a link inside G and s a stage's own side of such a link (at least its
+        shared time); along a run the sum of those maxima is at least every side but the run's
+        largest, and for any sigma that largest is at most sigma plus the excess of its stage
+        over sigma. Summed over G's runs, of which there are n_G - a_G (a_G: the boundaries
+        inside G, sum of a[i, j] over i, j in G):
+        Smax n_G >= sum_{s on G} (T_s + 2 min(s_s, sigma) + 2 lat) - 2 (lat + sigma)(n_G - a_G),
+        with McCormick's over-estimators of Smax n_G on Smax in [lo, hi] and n_G in [0, U_G]:
+        hi n_G, and lo n_G + U_G (Smax - lo); one sigma per distinct side on G, G every set of
+        up to ISLAND_BLOCK_SETS islands used by the window. With every island this is the
+        whole-pipeline block seen through the stages' sides; with one, it sees an island whose
+        stages each fit the window but whose links do not: a run of near-bottleneck stages joined
+        by a slow NIC, which the whole-pipeline rows average away over faster islands."""
+        p, md = self.problem, self.model
+        fl, ce = rounders(self.options.tick_s)
+        Smax = self.aux["Smax"]
+        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
+        cands = p.candidates
+        cols: dict[int, list[tuple[int, int, float, float]]] = {}  # island -> (column, candidate, T, count's bound)
+        for group, tys in ((self.n, self.types["mid"]), (self.e, self.types["first"]), (self.h, self.types["last"])):
+            for si, var in group.items():
+                t = tys[si]
+                cols.setdefault(cands[t.candidate].island, []).append((var.index, t.candidate, t.time_s, var.ub))
+        used = sorted(cols)
+        for size in range(1, min(len(used), ISLAND_BLOCK_SETS) + 1):
+            for G in itertools.combinations(used, size):
+                links = [p.links[i, j] for i in G for j in G]
+                lat = min(lk.latency_s for lk in links)
+                members = []  # (column, T, side, count's bound)
+                for i in G:
+                    on_i = [p.links[i, j] for j in G] + [p.links[j, i] for j in G]
+                    for vi, ci, t, ub in cols[i]:
+                        c = cands[ci]
+                        members.append((vi, t, min(max(lk.side_s(c), lk.shared_s) for lk in on_i), ub))
+                u_g = min(float(p.max_stages), sum(ub for *_, ub in members))
+                inside = [self.a[i, j].index for i in G for j in G]
+                tag = ",".join(map(str, G))
+                for q, sigma in enumerate(sorted({side for _, _, side, _ in members})):
+                    run = ce(2 * (lat + sigma))  # what each run takes back
+                    for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
+                        row = {vi: float(per - fl(t + 2 * min(side, sigma) + 2 * lat) + run)
+                               for vi, t, side, _ in members}
+                        for vi in inside:
+                            row[vi] = -float(run)
+                        if k:
+                            row[Smax.index] = k
+                        for vi, c in relax.coefs.items():
+                            row[vi] = row.get(vi, 0.0) + c
+                        md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_block_{name}[{tag}|{q}]")
 
     def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
         """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
