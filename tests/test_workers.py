@@ -139,10 +139,12 @@ def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("slack, expected", [(-1.0, True), (1.0, False)])
-def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, expected, monkeypatch):
+@pytest.mark.parametrize("slack, misses, expected", [(-1.0, 10**6, {True}), (1.0, 10**6, {False}),
+                                                     (-1.0, 0, {True, False})])
+def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, misses, expected, monkeypatch):
     # slack -1: every open leaf lies "far" below the target (bound < 2 x target), slack 1: none
-    # does (bound < 0); the proof is the same either way, only the route to it differs
+    # does (bound < 0); with no misses allowed, far leaves take turns (heuristics_turn). The
+    # proof is the same either way, only the route to it differs
     cluster, model, training, space = _instance()
     reference = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
                       options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
@@ -155,12 +157,38 @@ def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, 
         return inner(model, backend, options)
 
     monkeypatch.setattr(tuning, "SEQUENCE_HEURISTICS_SLACK", slack)
+    monkeypatch.setattr(tuning, "SEQUENCE_HEURISTICS_MISSES", misses)
     monkeypatch.setattr(search_module, "solve_model", recording)
     plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
-    assert seen and set(seen) == {expected}
+    assert seen and set(seen) == expected
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)
+
+
+def test_heuristic_turns_back_off_while_they_miss_and_return_on_a_better_plan(monkeypatch):
+    from tangram_opt.planner.search.leaves import LeafSolves
+
+    monkeypatch.setattr(tuning, "SEQUENCE_HEURISTICS_MISSES", 2)
+    monkeypatch.setattr(tuning, "SEQUENCE_HEURISTICS_MAX_EVERY", 8)
+
+    class Search:
+        heuristic_misses = heuristic_skips = 0
+
+    search = Search()
+
+    def turns(n: int) -> list[bool]:
+        return [LeafSolves.heuristics_turn(search) for _ in range(n)]
+
+    assert turns(5) == [True] * 5  # fewer misses than allowed: every far leaf
+    search.heuristic_misses = 2
+    assert turns(6) == [False, True] * 3  # one in 2
+    search.heuristic_misses = 3
+    assert turns(8) == [False, False, False, True] * 2  # one in 4
+    search.heuristic_misses = 9
+    assert turns(16) == ([False] * 7 + [True]) * 2  # never rarer than one in MAX_EVERY
+    search.heuristic_misses = 0  # a leaf's plan became the incumbent
+    assert turns(3) == [True] * 3
 
 
 def test_a_deadline_solver_stops_an_overrunning_solve_and_starts_afresh():

@@ -100,6 +100,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         #: seconds the neighbourhood search has had, and its slices between nodes so far
         self.neighbourhood_spent = 0.0
         self.kick_turns = 0
+        #: sequence leaves solved with HiGHS's heuristics in a row that found no better plan, and
+        #: eligible leaves skipped since the last one (``LeafSolves.heuristics_turn``)
+        self.heuristic_misses = self.heuristic_skips = 0
         self.trajectories: list[list[tuple[float, float | None, float | None]]] = []
         self.spent: dict[int, float] = {}  # per b: seconds spent on its nodes (splits and leaves)
         #: solver processes for leaf MIPs (``run`` starts them with ``threads >= 2`` and HiGHS,

@@ -88,6 +88,10 @@ SEQUENCE_FIRST_BUDGET_S = 5.0
 #: HiGHS's sub-MIP heuristics (it may hold much better plans: find them); nearer the target, where
 #: nearly every leaf ends as a quick infeasibility proof, without (formulations/pipeline_mip.md §3b)
 SEQUENCE_HEURISTICS_SLACK = 0.05
+#: ... until this many such leaves in a row found no better plan; then one such leaf in 2, 4, ...,
+#: at most one in SEQUENCE_HEURISTICS_MAX_EVERY, gets them (``LeafSolves.heuristics_turn``)
+SEQUENCE_HEURISTICS_MISSES = 3
+SEQUENCE_HEURISTICS_MAX_EVERY = 16
 #: ``sequence_leaves=None`` (the default) turns them on when ``solve``'s time limit is at least
 #: this long: below it the aggregated leaves reach a smaller gap, above it the sequence leaves do
 #: (formulations/pipeline_mip.md §5, "Sequence leaves"). With the multi-pipeline level too, whose
