@@ -3,7 +3,8 @@
 The aggregated model (aggregated.py) knows how many stages of each type a pipeline has, not their
 order; these row families bound the order-dependent terms of the closed form from below
 (formulations/pipeline_mip.md §3): the whole-pipeline block with McCormick over-estimators of
-``Smax * P`` (``_cycle_rows``), which stages are too slow to neighbour each other inside a period
+``Smax * P`` (``_cycle_rows``), the runs of consecutive stages on a set of islands, each a block
+(``_island_block_rows``), which stages are too slow to neighbour each other inside a period
 window (``_neighbour_row``), and, inside a window on the largest step tail, the cover a large-tail
 stage must have upstream (``_tail_window_rows``, ``_successor_term``). :class:`OrderRows` holds them
 as methods of the model class, which builds them from its own variables.
