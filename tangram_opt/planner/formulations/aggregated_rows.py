@@ -126,8 +126,8 @@ class OrderRows:
         whole-pipeline block seen through the stages' sides; with one, it sees an island whose
         stages each fit the window but whose links do not: a run of near-bottleneck stages joined
         by a slow NIC, which the whole-pipeline rows average away over faster islands."""
-        p, md = self.problem, self.model
-        fl, ce = rounders(self.options.tick_s)
+        p, md, tick = self.problem, self.model, self.options.tick_s
+        fl, ce = rounders(tick)
         Smax = self.aux["Smax"]
         lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
         cands = p.candidates
@@ -139,22 +139,27 @@ class OrderRows:
         used = sorted(cols)
         for size in range(1, min(len(used), ISLAND_BLOCK_SETS) + 1):
             for G in itertools.combinations(used, size):
-                links = [p.links[i, j] for i in G for j in G]
-                lat = min(lk.latency_s for lk in links)
-                members = []  # (column, T, side, count's bound)
+                lat = min(p.links[i, j].latency_s for i in G for j in G)
+                members = [m for i in G for m in cols[i]]
+                # a stage's side of G's links: per candidate (many columns share one), on the
+                # links touching its island inside G
+                side_of: dict[int, float] = {}
                 for i in G:
                     on_i = [p.links[i, j] for j in G] + [p.links[j, i] for j in G]
-                    for vi, ci, t, ub in cols[i]:
-                        c = cands[ci]
-                        members.append((vi, t, min(max(lk.side_s(c), lk.shared_s) for lk in on_i), ub))
+                    for ci in {ci for _, ci, _, _ in cols[i]}:
+                        side_of[ci] = min(max(lk.side_s(cands[ci]), lk.shared_s) for lk in on_i)
+                col = [vi for vi, _, _, _ in members]
+                t = np.array([tm for _, _, tm, _ in members])
+                side = np.array([side_of[ci] for _, ci, _, _ in members])
                 u_g = min(float(p.max_stages), sum(ub for *_, ub in members))
                 inside = [self.a[i, j].index for i in G for j in G]
                 tag = ",".join(map(str, G))
-                for q, sigma in enumerate(sorted({side for _, _, side, _ in members})):
+                for q, sigma in enumerate(np.unique(side).tolist()):
                     run = ce(2 * (lat + sigma))  # what each run takes back
+                    # each stage's time, side up to sigma and latency, in ticks rounded down (``fl``)
+                    priced = np.floor((t + 2 * np.minimum(side, sigma) + 2 * lat) / tick + 1e-9)
                     for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
-                        row = {vi: float(per - fl(t + 2 * min(side, sigma) + 2 * lat) + run)
-                               for vi, t, side, _ in members}
+                        row = dict(zip(col, (per - priced + run).tolist()))
                         for vi in inside:
                             row[vi] = -float(run)
                         if k:
@@ -368,4 +373,4 @@ def total_T_expr(mip, fl) -> LinExpr:  # type: ignore[no-untyped-def]
                     for si, var in group.items() if (t := fl(tys[si].time_s))})
 
 
-__all__ = ["OrderRows", "StageArrays", "TAIL_WINDOW_ROWS", "total_T_expr"]
+__all__ = ["ISLAND_BLOCK_SETS", "OrderRows", "StageArrays", "TAIL_WINDOW_ROWS", "total_T_expr"]
