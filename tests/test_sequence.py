@@ -172,3 +172,45 @@ def test_stage_range_rows_hold_for_every_plan_of_the_range():
             # the parent model is left as it was
             assert not any(c.name.startswith("stages_") for c in mip.model.constraints)
     assert checked >= 20
+
+
+def test_tail_window_rows_keep_exactly_the_plans_with_a_tail_above_the_lower_edge():
+    # a sequence leaf of a node split on the largest step tail holds the plans with some stage's
+    # tail above the node's lower edge: its optimum is the best of those, and each of them encodes
+    # as a feasible point priced no higher than its step time
+    ctx = _mixed(max_stages=4)
+    problem = ctx.problem(2)
+    types = enumerate_types(problem)
+    checked = 0
+    for P, plans in _plans_by_size(problem).items():
+        sized = dataclasses.replace(problem, min_stages=P, max_stages=P)
+        hi = max(lam for _, lam, _ in plans)
+        tick = _tick_for(max(min(t for t, _, _ in plans), problem.num_micro_batches * hi))
+        slack = rounding_ticks(problem.num_micro_batches) * tick
+        plain = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi).build()
+        tails = []  # (largest stage tail, step time, plan) of the plans the model holds
+        for t, _, plan in plans:
+            hint = plain.hint_from(list(plan))
+            if hint is not None:
+                tails.append((max(ty.tail_s for k, xs in enumerate(plain.x) for x, ty in zip(xs, plain.at[k])
+                                  if hint[x] > 0.5), t, plan))
+        largest = sorted({tail for tail, _, _ in tails})
+        for lower in largest[:-1][:: max(1, len(largest) // 4)]:
+            seq = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi, lower_tail_s=lower).build()
+            inside = [(t, plan) for tail, t, plan in tails if tail > lower]
+            best = min(t for t, _ in inside)
+            res = _solve(seq)
+            assert res.status == SolveStatus.OPTIMAL, res.status
+            assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, lower, best, res.objective * tick)
+            for t, plan in inside:
+                hint = seq.hint_from(list(plan))
+                x = [0.0] * len(seq.model.vars)
+                for var, val in hint.items():
+                    x[var.index] = val
+                assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]
+                assert seq.model.objective.value(x) * tick <= t + slack
+            checked += 1
+        # above every type's tail no plan is left: the model says so before any solve
+        top = max(ty.tail_s for ts in plain.at for ty in ts)
+        assert SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi, lower_tail_s=top).build().empty
+    assert checked >= 4

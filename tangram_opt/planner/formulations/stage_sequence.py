@@ -92,6 +92,9 @@ class SequenceMIP:
     #: all-integer models only (CP-SAT); elsewhere they are continuous, which the binaries already
     #: make integral except the period and the tail, whose rounding the search's margin covers
     integral: bool = False
+    #: the lower edge of the node's window on the largest step tail: only plans with some stage's
+    #: tail above it (row ``tail_window``); None: no lower edge
+    lower_tail_s: float | None = None
     model: LinearModel = field(default_factory=LinearModel)
     #: per position, its types; ``x[k][j]`` is the binary of ``at[k][j]``
     at: list[list[StageType]] = field(default_factory=list)
@@ -101,7 +104,8 @@ class SequenceMIP:
 
     @property
     def empty(self) -> bool:
-        return any(not ts for ts in self.at)
+        return any(not ts for ts in self.at) or (
+            self.lower_tail_s is not None and not any(t.tail_s > self.lower_tail_s for ts in self.at for t in ts))
 
     @property
     def columns(self) -> int:
@@ -254,6 +258,11 @@ class SequenceMIP:
                 coefs[B[j].index] = 1.0
                 coefs[c_lo[j].index] = 1.0
             row(f"tail[{k}]", coefs, -float(k), math.inf)  # + 1 tick per upstream link
+        if self.lower_tail_s is not None:
+            # the node's lower edge on the largest tail: some position holds a type above it
+            heavy = {x.index: 1.0 for k in range(P) for x, t in zip(self.x[k], self.at[k])
+                     if t.tail_s > self.lower_tail_s}
+            row("tail_window", heavy, 1.0, math.inf)
 
         obj: dict[int, float] = {lam.index: float(m - 1), Y.index: 1.0}
         for var in T:

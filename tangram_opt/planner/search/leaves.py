@@ -147,12 +147,11 @@ class LeafSolves:
             node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
             node.bound_s = max(node.bound_s, fresh.bound_s)
         skip, tail_hi = node.excluded_types, node.tail_hi_s
-        # a tail window's upper edge holds for every stage of its plans (its lower edge, "some stage
-        # above it", is left out: the leaf then covers more than its node, which keeps it valid)
+        # a tail window's upper edge holds for every stage of its plans, its lower edge for one
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
                  for role, ts in sub.types.items()}
         seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
-                          node.lo_s, hi, integral=self.backend != "highs").build()
+                          node.lo_s, hi, integral=self.backend != "highs", lower_tail_s=node.tail_lo_s).build()
         if seq.empty:  # some position has no stage type left: no plan of this size beats the target
             self.close(node, self.target_s())
             return
