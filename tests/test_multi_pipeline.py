@@ -439,6 +439,7 @@ def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypat
         return solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
                             backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
 
+    monkeypatch.setattr(l2, "_gpu_weighted_rows", lambda *a, **k: None)  # these rows alone
     with_rows = level2()
     monkeypatch.setattr(l2, "_average_rows", lambda *a, **k: None)
     without = level2()
@@ -448,6 +449,31 @@ def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypat
         assert with_rows.info[key] - tick <= best.objective_s * (1 + 1e-12)
     if ctx.space.schedule == "gpipe":  # the two-zone instance
         assert with_rows.info["root_lp_bound_s"] > without.info["root_lp_bound_s"] * 1.01
+
+
+def test_gpu_weighted_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypatch, instance):
+    """N_i Rho >= sum g_ti ratio_t n (and the same for Opt) are valid (the bounds stay under the
+    brute-force optimum; the best plan stays a feasible point: the test above) and, on the two-zone
+    instance, lift the branched LP to the optimum (within its rounding)."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+
+    def level2():
+        return solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
+                            backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+
+    with_rows = level2()
+    monkeypatch.setattr(l2, "_gpu_weighted_rows", lambda *a, **k: None)
+    without = level2()
+    tick = with_rows.info["tick_s"]
+    for key in ("root_lp_bound_s", "branched_lp_bound_s"):
+        assert with_rows.info[key] >= without.info[key] - 1e-3 * tick
+        assert with_rows.info[key] - tick <= best.objective_s * (1 + 1e-12)
+    assert with_rows.bound_s <= best.objective_s * (1 + 1e-12)
+    if ctx.space.schedule == "gpipe":  # the two-zone instance: the branched LP reaches the optimum
+        assert with_rows.info["branched_lp_bound_s"] > without.info["branched_lp_bound_s"] * 1.003
+        assert with_rows.info["branched_lp_bound_s"] == pytest.approx(best.objective_s, rel=1e-5)
 
 
 def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, instance):

@@ -295,6 +295,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
 
     md.add(x >= rho + lat[2] + zl(2), "sync_R2")  # 2(R-1)/R >= 1 and latencies grow with R
     if strengthen:
+        _gpu_weighted_rows(md, ctx, pairs, n, ((rho, lambda t: fl(t.ratio_s)), (o, lambda t: fl(t.optimizer_s))))
         _average_rows(md, y, lsum(n.values()), (
             ("rho", rho, rho_ub, [(fl(t.ratio_s), n[t.index, m]) for t, m, _ in pairs]),
             ("pipe", tp, cf_max, [(fl(cf), n[t.index, m]) for t, m, cf in pairs])))
@@ -474,6 +475,23 @@ def _average_rows(md: LinearModel, y: dict[int, Any], replicas: Any,
         for R, yv in y.items():
             md.add(R * var - total >= -rmax * ub * (1 - yv), f"{name}_avg[{R}]")
         md.add(rmax * var + var.lb * replicas - total >= rmax * var.lb, f"{name}_avg")
+
+
+def _gpu_weighted_rows(md: LinearModel, ctx: PlanningContext, pairs: Sequence[tuple[Template, int, float]],
+                       n: dict[tuple[int, int], Var], maxima: Sequence[tuple[Var, Any]]) -> None:
+    """A maximum over the pipelines is at least their average weighted by each one's GPUs on an
+    island (issue 27, seventh round): ``N_i M >= sum_{t,m} g_{t,i} a_t n[t,m]`` for ``M`` = ``Rho``
+    (``a`` = the template's ratio) and ``M`` = ``Opt`` (its optimizer step), as ``gpu_time`` does
+    for ``Tpipe``. Every used template has ``a_t <= M`` and the replicas hold at most ``N_i`` GPUs
+    of island ``i``. The rows need no ``y[R]``: where the plain average lets light replicas that
+    hold few GPUs dilute it, these weigh each by its GPUs, and large templates, which carry the
+    largest gradient shards per GPU over slow NICs, cannot hide behind small ones."""
+    for isl in ctx.islands:
+        for var, value in maxima:
+            terms = [(t.gpus[isl.index] * a, n[t.index, m]) for t, m, _ in pairs
+                     if t.gpus.get(isl.index) and (a := value(t)) > 0]
+            if terms:
+                md.add(lsum(c * v for c, v in terms) <= isl.num_gpus * var, f"{var.name.lower()}_gpus[{isl.index}]")
 
 
 def _patterns(zs: _ZoneBounds, y: dict[int, Any]) -> list[dict[Any, int]]:
