@@ -110,6 +110,33 @@ def test_the_search_with_solver_processes_proves_the_same_optimum(leaves, monkey
     assert both.certificate.bound_s <= both.certificate.objective_s * (1 + 1e-9)  # the closed form it bounds
 
 
+def test_the_search_waits_for_its_workers_instead_of_solving_leaves_itself(monkeypatch):
+    # threads = 2: two workers (one per spare core and one more); with both busy and no window
+    # left to split, the search waits for one, so no leaf MIP runs in the search's own process
+    cluster, model, training, space = _instance()
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    workers, here = set(), []
+    submit = SolverWorker.submit
+
+    def counting(self, *args):
+        workers.add(id(self))
+        return submit(self, *args)
+
+    def in_process(md, *args, **kw):
+        here.append(md.name)
+        return solve_model(md, *args, **kw)
+
+    monkeypatch.setattr(SolverWorker, "submit", counting)
+    monkeypatch.setattr(search_module, "solve_model", in_process)
+    assert tuning.EXTRA_LEAF_WORKERS == 1
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
+                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    assert workers and len(workers) <= 2 and here == []
+    assert plan.certificate.status == "optimal"
+    assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+
+
 def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     cluster, model, training, space = _instance()
     alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,

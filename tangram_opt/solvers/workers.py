@@ -1,4 +1,5 @@
-"""Solver processes: MIP solves that run beside the caller, one per spare core.
+"""Solver processes: MIP solves that run beside the caller, one per spare core (the planner's search
+starts one more and waits for them rather than solving leaves itself: tuning.EXTRA_LEAF_WORKERS).
 
 HiGHS's branch and bound is essentially serial (the 512-GPU Mixtral-8x22B proof to 1% took 144 s
 with one thread and 138 s with two), so on a machine with two cores the planner's search keeps

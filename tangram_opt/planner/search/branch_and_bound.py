@@ -184,7 +184,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
     def run(self) -> Plan:
         owned = None
         if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
-            self.pool = owned = SolverPool(self.threads - 1)
+            self.pool = owned = SolverPool(self.threads - 1 + tuning.EXTRA_LEAF_WORKERS)
         try:
             return self._run()
         finally:
@@ -263,7 +263,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         self.emit("resumed")
         owned = None
         if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
-            self.pool = owned = SolverPool(self.threads - 1)
+            self.pool = owned = SolverPool(self.threads - 1 + tuning.EXTRA_LEAF_WORKERS)
         try:
             return self._search(live)
         finally:
@@ -314,6 +314,13 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
                 if other is not None:
                     heapq.heappush(self.open, node)
                     node, splits = other, True
+                elif tuning.EXTRA_LEAF_WORKERS and self.inflight:
+                    # nothing to split: wait for a worker (a leaf solved here would leave a core
+                    # idle once the workers finish before it)
+                    heapq.heappush(self.open, node)
+                    if not self.collect(block=True):
+                        break
+                    continue
             if splits:
                 self.split(node)
             elif self.sequence and node.stages is not None and node.stages[0] == node.stages[1]:

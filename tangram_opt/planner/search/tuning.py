@@ -97,9 +97,15 @@ SEQUENCE_HEURISTICS_MAX_EVERY = 16
 #: (formulations/pipeline_mip.md §5, "Sequence leaves"). With the multi-pipeline level too, whose
 #: single-pipeline share closes sooner with them on the communication-bound cases
 SEQUENCE_MIN_TIME_S = 50.0
-#: leaf solves run in ``threads - 1`` solver processes beside the search (HiGHS's MIP is serial);
-#: a worker's solve stops at its time limit, and the search waits this much longer for it
+#: leaf solves run in ``threads - 1 + EXTRA_LEAF_WORKERS`` solver processes beside the search
+#: (HiGHS's MIP is serial); a worker's solve stops at its time limit, and the search waits this
+#: much longer for it
 WORKER_GRACE_S = 2.0
+#: one worker more than spare cores: when every worker is busy and no window is left to split, the
+#: search waits for a worker instead of solving a leaf itself, so no core idles behind a long leaf
+#: solve in the search's process (formulations/pipeline_mip.md §5, seventh round); 0: the search
+#: solves such leaves itself
+EXTRA_LEAF_WORKERS = 1
 #: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
 MULTI_PIPELINE_SINGLE_SHARE = 0.7
 #: when the multi-pipeline level ends with at least RESUME_MIN_S left before this share of
