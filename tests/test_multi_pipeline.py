@@ -426,11 +426,9 @@ def test_strengthened_level2_rows_keep_the_best_plan_feasible(monkeypatch, insta
     assert out[True].objective_s == pytest.approx(best.objective_s, rel=1e-9)
 
 
-def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypatch, instance):
-    """The max-at-least-average rows (R Rho >= sum of the replicas' ratios, R Tpipe >= sum of their
-    CF') are valid (the bound stays under the brute-force optimum) and, on the two-zone instance
-    (zone patterns: R is left fractional), lift the root LP where the "template used" binaries
-    alone price Rho at the smallest ratio."""
+def _with_and_without(monkeypatch, instance, rows: str):
+    """solve_level2 on ``instance`` with the level2 module's row builder ``rows`` and without it;
+    both LP bounds (less a tick) stay under the brute-force optimum and the rows never lower them."""
     import tangram_opt.planner.multi_pipeline.level2 as l2
 
     _, _, _, _, _, ctx, run, best, rmax = instance
@@ -439,14 +437,26 @@ def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypat
         return solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
                             backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
 
-    monkeypatch.setattr(l2, "_gpu_weighted_rows", lambda *a, **k: None)  # these rows alone
     with_rows = level2()
-    monkeypatch.setattr(l2, "_average_rows", lambda *a, **k: None)
+    monkeypatch.setattr(l2, rows, lambda *a, **k: None)
     without = level2()
     tick = with_rows.info["tick_s"]
     for key in ("root_lp_bound_s", "branched_lp_bound_s"):
         assert with_rows.info[key] >= without.info[key] - 1e-3 * tick
         assert with_rows.info[key] - tick <= best.objective_s * (1 + 1e-12)
+    return with_rows, without
+
+
+def test_average_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monkeypatch, instance):
+    """The max-at-least-average rows (R Rho >= sum of the replicas' ratios, R Tpipe >= sum of their
+    CF') are valid (the bound stays under the brute-force optimum) and, on the two-zone instance
+    (zone patterns: R is left fractional), lift the root LP where the "template used" binaries
+    alone price Rho at the smallest ratio."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    ctx, best = instance[5], instance[7]
+    monkeypatch.setattr(l2, "_gpu_weighted_rows", lambda *a, **k: None)  # these rows alone
+    with_rows, without = _with_and_without(monkeypatch, instance, "_average_rows")
     if ctx.space.schedule == "gpipe":  # the two-zone instance
         assert with_rows.info["root_lp_bound_s"] > without.info["root_lp_bound_s"] * 1.01
 
@@ -455,21 +465,8 @@ def test_gpu_weighted_rows_lift_the_level2_lp_and_keep_it_below_the_optimum(monk
     """N_i Rho >= sum g_ti ratio_t n (and the same for Opt) are valid (the bounds stay under the
     brute-force optimum; the best plan stays a feasible point: the test above) and, on the two-zone
     instance, lift the branched LP to the optimum (within its rounding)."""
-    import tangram_opt.planner.multi_pipeline.level2 as l2
-
-    _, _, _, _, _, ctx, run, best, rmax = instance
-
-    def level2():
-        return solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
-                            backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
-
-    with_rows = level2()
-    monkeypatch.setattr(l2, "_gpu_weighted_rows", lambda *a, **k: None)
-    without = level2()
-    tick = with_rows.info["tick_s"]
-    for key in ("root_lp_bound_s", "branched_lp_bound_s"):
-        assert with_rows.info[key] >= without.info[key] - 1e-3 * tick
-        assert with_rows.info[key] - tick <= best.objective_s * (1 + 1e-12)
+    ctx, best = instance[5], instance[7]
+    with_rows, without = _with_and_without(monkeypatch, instance, "_gpu_weighted_rows")
     assert with_rows.bound_s <= best.objective_s * (1 + 1e-12)
     if ctx.space.schedule == "gpipe":  # the two-zone instance: the branched LP reaches the optimum
         assert with_rows.info["branched_lp_bound_s"] > without.info["branched_lp_bound_s"] * 1.003

@@ -52,6 +52,14 @@ def _plans_by_size(problem):
     return out
 
 
+def _point(model, hint) -> list[float]:
+    """The full variable vector of a hint (``hint_from``): unset variables at 0."""
+    x = [0.0] * len(model.vars)
+    for var, val in hint.items():
+        x[var.index] = val
+    return x
+
+
 def _solve(seq: SequenceMIP, backend: str = "highs"):
     return solve_model(seq.model, backend, SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False))
 
@@ -85,9 +93,7 @@ def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
                 hint = seq.hint_from(list(plan))
                 if hint is None:  # a stage type pruned as dominated at its position
                     continue
-                x = [0.0] * len(seq.model.vars)
-                for var, val in hint.items():
-                    x[var.index] = val
+                x = _point(seq.model, hint)
                 assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]
                 assert seq.model.objective.value(x) * tick <= t + slack
             checked += 1
@@ -162,9 +168,7 @@ def test_stage_range_rows_hold_for_every_plan_of_the_range():
                 hint = child.hint_from(list(plan))
                 if hint is None:
                     continue
-                x = [0.0] * len(child.model.vars)
-                for var, val in hint.items():
-                    x[var.index] = val
+                x = _point(child.model, hint)
                 assert not child.model.check(x, tol=1e-6), (P, first, last, child.model.check(x, tol=1e-6)[:3])
                 slack = rounding_ticks(problem.num_micro_batches) * tick
                 assert child.model.objective.value(x) * tick <= t + slack
@@ -204,9 +208,7 @@ def test_tail_window_rows_keep_exactly_the_plans_with_a_tail_above_the_lower_edg
             assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, lower, best, res.objective * tick)
             for t, plan in inside:
                 hint = seq.hint_from(list(plan))
-                x = [0.0] * len(seq.model.vars)
-                for var, val in hint.items():
-                    x[var.index] = val
+                x = _point(seq.model, hint)
                 assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]
                 assert seq.model.objective.value(x) * tick <= t + slack
             checked += 1
