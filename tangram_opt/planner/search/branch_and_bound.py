@@ -182,11 +182,17 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
 
     # --- phases ----------------------------------------------------------------------------
     def run(self) -> Plan:
+        return self.with_workers(self._run)
+
+    def with_workers(self, search: Callable[[], Plan]) -> Plan:
+        """``search()`` with solver processes for the leaves, when none were handed in: with HiGHS,
+        windows and ``threads >= 2``, one per spare core and ``tuning.EXTRA_LEAF_WORKERS`` more,
+        closed after it."""
         owned = None
         if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
             self.pool = owned = SolverPool(self.threads - 1 + tuning.EXTRA_LEAF_WORKERS)
         try:
-            return self._run()
+            return search()
         finally:
             self.pool = None
             if owned is not None:
@@ -261,15 +267,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
             self.closed_bounds[sub.b] = []
         self.roots(waiting)
         self.emit("resumed")
-        owned = None
-        if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
-            self.pool = owned = SolverPool(self.threads - 1 + tuning.EXTRA_LEAF_WORKERS)
-        try:
-            return self._search(live)
-        finally:
-            self.pool = None
-            if owned is not None:
-                owned.close()
+        return self.with_workers(lambda: self._search(live))
 
     def _search(self, live: list[SubProblem]) -> Plan:
         """Branch and bound (both passes) from the open nodes until none is left or the time is up."""
