@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from concurrent.futures import Future
 
 import pytest
@@ -11,7 +13,7 @@ from tangram_opt.planner.search import branch_and_bound as search_module
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.solvers.model import LinearModel, lsum
-from tangram_opt.solvers.workers import SolverPool, SolverWorker, WorkerError
+from tangram_opt.solvers.workers import Shared, SolverPool, SolverWorker, WorkerError
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
 
 
@@ -61,6 +63,48 @@ def test_a_dead_worker_fails_its_future_and_is_never_idle_again():
             fut.result()
     finally:
         fresh.close()
+
+
+def test_a_call_reads_its_shared_value_which_each_worker_receives_once(monkeypatch):
+    made, blobs = [], []
+    start = SolverWorker._start
+
+    def recording(self, request):
+        blobs.append(getattr(request, "blob", None) is not None)
+        return start(self, request)
+
+    monkeypatch.setattr(SolverWorker, "_start", recording)
+    table = Shared(key="table", make=lambda: made.append(1) or {"a": 1, "b": 2})
+    other = Shared(key="other", make=lambda: {"a": 10})
+    with SolverPool(2) as pool:
+        pool.idle_worker()
+        first, second = pool.workers
+        assert first.call(operator.getitem, ("a",), shared=table).result(timeout=30) == 1
+        assert first.call(operator.getitem, ("b",), shared=table).result(timeout=30) == 2
+        assert second.call(operator.getitem, ("b",), shared=table).result(timeout=30) == 2
+        assert first.call(operator.getitem, ("a",), shared=other).result(timeout=30) == 10
+        assert first.call(operator.getitem, ("a",), shared=table).result(timeout=30) == 1  # both kept
+        assert first.call(operator.add, (2, 3)).result(timeout=30) == 5  # no shared value
+        with pytest.raises(WorkerError, match="KeyError"):  # what the function raised
+            first.call(operator.getitem, ("c",), shared=table).result(timeout=30)
+        assert first.call(operator.getitem, ("b",), shared=table).result(timeout=30) == 2  # still serving
+    # the value was pickled once, and sent once to each worker (and "other" once)
+    assert made == [1]
+    assert blobs == [True, False, True, True, False, False, False, False]
+
+
+def test_a_worker_and_its_caller_forget_the_same_shared_values():
+    from tangram_opt.solvers.workers import SHARED_KEEP
+
+    values = [Shared(key=i, make=lambda i=i: [i]) for i in range(SHARED_KEEP + 1)]
+    with SolverPool(1) as pool:
+        worker = pool.idle_worker()
+        for v in values:
+            assert worker.call(operator.getitem, (0,), shared=v).result(timeout=30) == v.key
+        assert values[0].key not in worker.held and len(worker.held) == SHARED_KEEP
+        # the oldest is sent again, and the newest is still held on both sides
+        assert worker.call(operator.getitem, (0,), shared=values[0]).result(timeout=30) == 0
+        assert worker.call(operator.getitem, (0,), shared=values[-1]).result(timeout=30) == SHARED_KEEP
 
 
 def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():
@@ -137,6 +181,37 @@ def test_the_search_waits_for_its_workers_instead_of_solving_leaves_itself(monke
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
 
 
+def test_windows_bounded_in_workers_give_the_bounds_and_optimum_of_the_search_alone(monkeypatch):
+    # roots and split children go to idle workers, which send back bounds and fixings only; the
+    # search proves the same optimum, and a worker's bound equals the one built here
+    from tangram_opt.planner.search.window_bounds import bound_in_worker, bound_model, build_aggregated
+
+    cluster, model, training, space = _instance()
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    compared = []
+    call = SolverWorker.call
+
+    def checking(self, fn, args, shared=None):
+        future = call(self, fn, args, shared)
+        if fn is bound_in_worker:
+            options, window, quick, target, limit = args
+            here = bound_model(build_aggregated(*shared.make(), options, window), window, quick_bound_s=quick,
+                               target_s=target, lp_time_limit_s=limit)
+            got = future.result(timeout=60)
+            assert got.mip is None and (got.bound_s, got.fixed, got.max_tail_s, got.model_size) == \
+                (here.bound_s, here.fixed, here.max_tail_s, here.model_size)
+            compared.append(math.isfinite(got.bound_s))
+        return future
+
+    monkeypatch.setattr(SolverWorker, "call", checking)
+    both = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
+                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    assert True in compared, "no window was bounded in a worker"
+    assert both.certificate.status == alone.certificate.status == "optimal"
+    assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+
+
 def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     cluster, model, training, space = _instance()
     alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
@@ -162,6 +237,34 @@ def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     assert failed and sorted(here) == sorted(failed)
+    assert plan.certificate.status == "optimal"
+    assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
+
+
+def test_windows_whose_worker_fails_are_bounded_by_the_search(monkeypatch):
+    cluster, model, training, space = _instance()
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
+                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    failed, here = [], []
+
+    def broken(self, fn, args, shared=None):
+        fut: Future = Future()
+        fut.set_exception(WorkerError("solver worker failed: test"))
+        failed.append(args[1])
+        self.future = fut
+        return fut
+
+    bound_here = search_module.BranchAndBound.bound_here
+
+    def counting(self, sub, window, parent=None):
+        here.append(window)
+        return bound_here(self, sub, window, parent)
+
+    monkeypatch.setattr(SolverWorker, "call", broken)
+    monkeypatch.setattr(search_module.BranchAndBound, "bound_here", counting)
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=2,
+                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
+    assert failed and set(failed) <= set(here)  # every window a worker failed was bounded here
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
 

@@ -8,6 +8,12 @@ the second one busy by solving leaf models in a *worker*: a separate Python proc
 requests on its standard input and writes pickled :class:`SolveResult` objects back. Models of the
 search pickle in a few milliseconds (0.1-0.2 MB).
 
+A worker also runs other work of the caller's (:meth:`SolverWorker.call`: a module-level function
+and its arguments, e.g. building and bounding one window of the search). Data that many such calls
+read (a sub-problem's candidates and stage types, about 1 MB) travels once per worker as a
+:class:`Shared` value: the worker keeps the last ``SHARED_KEEP`` of them by key, and the caller
+keeps a mirror of which keys each worker holds, so later calls send only the key.
+
 A plain subprocess rather than :mod:`multiprocessing`: the ``spawn`` and ``forkserver`` start
 methods import the caller's ``__main__`` module again in the child (a user script that calls
 ``solve`` at top level would call it again there), and ``fork`` is unsafe once HiGHS has started
@@ -22,15 +28,20 @@ import pickle
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tangram_opt.solvers.backends import solve_model
-from tangram_opt.solvers.protocol import SolveOptions, SolveResult
 from tangram_opt.solvers.model import LinearModel
+from tangram_opt.solvers.protocol import SolveOptions, SolveResult
 
 _HEADER = 8  # bytes of the little-endian length before each pickle
+#: shared values a worker keeps (least recently used dropped first); the caller mirrors the same rule
+SHARED_KEEP = 32
 
 
 class WorkerError(RuntimeError):
@@ -54,13 +65,54 @@ def _receive(stream) -> object:  # type: ignore[no-untyped-def]
     return pickle.loads(data)
 
 
+@dataclass(slots=True)
+class Shared:
+    """A value many :meth:`SolverWorker.call` requests read, sent to each worker once under ``key``;
+    ``make`` gives it when a worker does not hold it yet (pickled once, then reused for every worker)."""
+
+    key: Hashable
+    make: Callable[[], Any]
+    _blob: bytes | None = field(default=None, repr=False)
+
+    def blob(self) -> bytes:
+        if self._blob is None:
+            self._blob = pickle.dumps(self.make(), protocol=pickle.HIGHEST_PROTOCOL)
+        return self._blob
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A request to run ``fn(shared value, *args)`` (or ``fn(*args)`` without ``key``) in a worker;
+    ``blob`` carries the shared value when the worker does not hold it yet."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    key: Hashable | None = None
+    blob: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    value: Any
+
+
+def _remember(held: OrderedDict, key: Hashable, value: Any) -> None:
+    """The shared-value rule both sides apply: most recently used last, at most SHARED_KEEP kept."""
+    held[key] = value
+    held.move_to_end(key)
+    while len(held) > SHARED_KEEP:
+        held.popitem(last=False)
+
+
 class SolverWorker:
-    """One solver process; at most one solve at a time."""
+    """One solver process; at most one request (a solve or a call) at a time."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tangram_opt.solvers.workers"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.future: Future | None = None
+        #: keys of the shared values the process holds (the mirror of its own table)
+        self.held: OrderedDict = OrderedDict()
 
     @property
     def alive(self) -> bool:
@@ -73,12 +125,26 @@ class SolverWorker:
     def submit(self, model: LinearModel, backend: str, options: SolveOptions) -> Future:
         """Start solving ``model``; the future holds its :class:`SolveResult` (or a
         :class:`WorkerError`). Callbacks in ``options`` stay behind (they cannot cross processes)."""
+        return self._start((model, backend, replace(options, on_progress=None)))
+
+    def call(self, fn: Callable[..., Any], args: tuple, shared: Shared | None = None) -> Future:
+        """Start ``fn(shared value, *args)`` (``fn(*args)`` without ``shared``) in the worker; the
+        future holds what it returns (or a :class:`WorkerError`, also when it raised). ``fn`` must
+        be a module-level function, and ``args`` and its result picklable."""
+        if not self.idle:
+            raise RuntimeError("worker is busy")
+        if shared is None:
+            return self._start(_Call(fn, args))
+        blob = None if shared.key in self.held else shared.blob()
+        _remember(self.held, shared.key, None)
+        return self._start(_Call(fn, args, shared.key, blob))
+
+    def _start(self, request: object) -> Future:
         if not self.idle:
             raise RuntimeError("worker is busy")
         fut: Future = Future()
         fut.set_running_or_notify_cancel()
         self.future = fut
-        request = (model, backend, replace(options, on_progress=None))
         threading.Thread(target=self._round_trip, args=(request, fut), daemon=True).start()
         return fut
 
@@ -92,6 +158,8 @@ class SolverWorker:
             return
         if isinstance(answer, SolveResult):
             fut.set_result(answer)
+        elif isinstance(answer, _Answer):
+            fut.set_result(answer.value)
         else:
             fut.set_exception(WorkerError(f"solver worker failed: {answer}"))
 
@@ -170,23 +238,42 @@ class DeadlineSolver:
             self.worker = None
 
 
+def _run_call(request: _Call, held: OrderedDict) -> _Answer:
+    if request.key is None:
+        return _Answer(request.fn(*request.args))
+    if request.blob is not None:
+        _remember(held, request.key, pickle.loads(request.blob))
+    else:
+        held.move_to_end(request.key)
+    return _Answer(request.fn(held[request.key], *request.args))
+
+
 def main() -> None:
     """Worker loop: a request per message on stdin, its result (or the error's text) on stdout.
     Solver output would corrupt the protocol, so file descriptor 1 is pointed at stderr."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
+    held: OrderedDict = OrderedDict()  # shared values by key (``Shared``)
     while True:
         try:
-            model, backend, options = _receive(inp)  # type: ignore[misc]
+            request = _receive(inp)
         except EOFError:
             return
         try:
-            answer: object = solve_model(model, backend, options)
-        except Exception as exc:  # noqa: BLE001 (reported to the caller, which solves it itself)
+            if isinstance(request, _Call):
+                answer: object = _run_call(request, held)
+            else:
+                model, backend, options = request  # type: ignore[misc]
+                answer = solve_model(model, backend, options)
+        except Exception as exc:  # noqa: BLE001 (reported to the caller, which does the work itself)
             answer = f"{type(exc).__name__}: {exc}"
         _send(out, answer)
 
 
 if __name__ == "__main__":
-    main()
+    # run as the package's module, not as ``__main__``: the classes requests and answers are
+    # pickled with must be the ones the caller knows (``tangram_opt.solvers.workers._Call``)
+    from tangram_opt.solvers.workers import main as serve
+
+    serve()

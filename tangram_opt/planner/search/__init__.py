@@ -6,6 +6,7 @@
 - :mod:`.nodes`: what the tree holds (sub-problems, nodes, leaves in flight, progress events);
 - :mod:`.branch_and_bound`: :class:`BranchAndBound`, the tree: roots, window bounds, splits, node
   selection, worker processes and the certificate;
+- :mod:`.window_bounds`: a window's model and LP bound, built here or in a worker process;
 - :mod:`.leaves`: leaf MIPs (aggregated, positional, sequence) and what is done with their answers;
 - :mod:`.primal`: primal heuristics (neighbourhood search, knapsack covers, restricted search, off by default);
 - :mod:`.objective`: :class:`Objective` (throughput, min_cost, cost_per_token; budget, floor);

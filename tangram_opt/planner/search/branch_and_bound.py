@@ -26,35 +26,33 @@ from tangram_opt.errors import InfeasibleError, NoSolutionError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.diagnose import diagnose_infeasible
-from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.bounds import best_single_stage, fluid_bottleneck_s, quick_lower_bound
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
 from tangram_opt.planner.formulations.neighbourhood import CandidateTimes
-from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_types import enumerate_types
 from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
 from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.leaves import LeafSolves
-from tangram_opt.planner.search.nodes import LeafInFlight, Node, SearchEvent, SubProblem
+from tangram_opt.planner.search.nodes import InFlight, Node, SearchEvent, SubProblem
 from tangram_opt.planner.search.primal import PrimalHeuristics
 from tangram_opt.planner.search.splitting import WindowSplits
-from tangram_opt.solvers import SolveOptions, lp_relaxation_bound, relative_gap, solve_model
+from tangram_opt.planner.search.window_bounds import Window, WindowBounds
+from tangram_opt.solvers import SolveOptions, relative_gap, solve_model
 from tangram_opt.solvers.model import LinearModel
 from tangram_opt.solvers.workers import SolverPool
-
 
 #: status of a sub-problem whose root the time limit left out (its quick bound is its bound)
 NOT_STARTED = "not started (time limit)"
 
 
-class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
+class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
     """One search: its sub-problems, queue of open nodes, incumbent and bounds, from roots to certificate.
 
-    The leaf solves (leaves.py) and primal heuristics (primal.py) are methods of this class kept in
-    their own modules; what is here is the tree: roots, bounds of windows (their LP relaxations),
-    splitting, node selection, the worker processes and the certificate.
+    The leaf solves (leaves.py), primal heuristics (primal.py), node splits (splitting.py) and
+    window bounds (window_bounds.py) are methods of this class kept in their own modules; what is
+    here is the tree: roots, node selection, the worker processes and the certificate.
     """
 
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
@@ -108,7 +106,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         #: solver processes for leaf MIPs (``run`` starts them with ``threads >= 2`` and HiGHS,
         #: whose branch and bound is serial); every solve then runs single-threaded
         self.pool = pool
-        self.inflight: list[LeafInFlight] = []
+        self.inflight: list[InFlight] = []
 
     # --- bookkeeping -----------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -344,13 +342,18 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         if worker is None:
             done(solve_model(model, self.backend, options))
             return
-        self.inflight.append(LeafInFlight(worker.submit(model, self.backend, options), node, model, options, done,
-                                     time.perf_counter()))
+
+        def here() -> Any:
+            left = max(0.1, min(options.time_limit_s, self.remaining()))
+            return SolverPool.solve_here(model, self.backend, replace(options, time_limit_s=left))
+
+        self.inflight.append(InFlight(worker.submit(model, self.backend, options), node, done, here,
+                                      time.perf_counter()))
 
     def collect(self, block: bool) -> bool:
-        """Finish the leaves whose worker has answered (with ``block``, after waiting for the first
-        of them). A worker that failed has its model solved here instead. False when a worker
-        is still busy ``tuning.WORKER_GRACE_S`` after the time limit: its leaf goes back to the open
+        """Finish the nodes whose worker has answered (with ``block``, after waiting for the first
+        of them). A worker that failed has its work done here instead. False when a worker
+        is still busy ``tuning.WORKER_GRACE_S`` after the time limit: its node goes back to the open
         nodes with the bound it had."""
         if not self.inflight:
             return True
@@ -366,9 +369,8 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
             self.inflight.remove(f)
             try:
                 res = f.future.result()
-            except Exception:  # noqa: BLE001 (the worker died: solve it here, in what time is left)
-                res = SolverPool.solve_here(f.model, self.backend, replace(
-                    f.options, time_limit_s=max(0.1, min(f.options.time_limit_s, self.remaining()))))
+            except Exception:  # noqa: BLE001 (the worker failed: do its work here, in what time is left)
+                res = f.here()
             f.done(res)
             self.spent[f.node.b] = self.spent.get(f.node.b, 0.0) + time.perf_counter() - f.started
         return True
@@ -438,61 +440,6 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         return FormulationOptions(fluid_cuts=self.fluid_cuts, cutoff_s=cutoff, tick_s=tick_for(ref),
                                   order_rows=self.order_rows)
 
-    @staticmethod
-    def with_stages(problem: PipelineProblem, stages: tuple[int, int] | None) -> PipelineProblem:
-        """``problem`` restricted to pipelines of ``stages[0] .. stages[1]`` stages."""
-        if stages is None:
-            return problem
-        return replace(problem, min_stages=max(problem.min_stages, stages[0]),
-                       max_stages=min(problem.max_stages, stages[1]))
-
-    def build(self, sub: SubProblem, lo: float, hi: float, tail_lo: float | None = None, tail_hi: float = math.inf,
-              excluded: frozenset = frozenset(), stages: tuple[int, int] | None = None
-              ) -> AggregatedMIP | PositionalMIP | None:
-        fopts = self.formulation_options(sub)
-        if self.formulation == "positional":
-            return PositionalMIP(sub.problem, fopts).build()
-        if sub.types is None:
-            sub.types = enumerate_types(sub.problem, fopts.cutoff_s)
-            sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
-        mip = AggregatedMIP(self.with_stages(sub.problem, stages), fopts, all_types=sub.types, lower_tmax_s=lo,
-                            upper_tmax_s=hi, lower_tail_s=tail_lo, upper_tail_s=tail_hi, excluded_types=excluded)
-        mip.build()
-        return None if mip.empty else mip
-
-    def evaluate(self, sub: SubProblem, lo: float, hi: float, tail_lo: float | None = None, tail_hi: float = math.inf,
-                 excluded: frozenset = frozenset(), stages: tuple[int, int] | None = None,
-                 parent: AggregatedMIP | None = None) -> Node | None:
-        """Build the window's model and bound it by its LP relaxation (None: nothing in it).
-        ``excluded``: stage types an enclosing window's LP fixed to 0 (reduced costs); ``stages``:
-        only pipelines of that many stages; ``parent``: the model of the same window (all stage
-        counts), restricted instead of built again."""
-        if parent is not None and stages is not None:
-            mip: AggregatedMIP | PositionalMIP | None = parent.with_stage_range(*stages)
-            if mip.empty:  # type: ignore[union-attr]
-                mip = None
-        else:
-            mip = self.build(sub, lo, hi, tail_lo, tail_hi, excluded, stages)
-        sub.info["windows"] += 1
-        if mip is None:
-            return None
-        st = mip.model.stats()
-        sub.info.setdefault("rows", st.rows)
-        sub.info.setdefault("columns", st.columns)
-        sub.info.setdefault("integers", st.integer_columns)
-        # reduced-cost fixing: columns that cannot be in a plan better than the incumbent go
-        cutoff = self.target_s() / mip.options.tick_s if math.isfinite(self.inc_s) else None
-        lp = lp_relaxation_bound(mip.model, time_limit_s=max(1.0, self.time_limit_s / 10), cutoff=cutoff)
-        sub.info["lp_solves"] += 1
-        slack = rounding_ticks(sub.problem.num_micro_batches) * mip.options.tick_s
-        bound = sub.lower_bound_s if lp is None else max(sub.lower_bound_s if lo <= 0 else 0.0,
-                                                          lp * mip.options.tick_s - slack)
-        if lp is not None and math.isinf(lp):
-            return None
-        fixed = mip.fixed_types() if isinstance(mip, AggregatedMIP) else frozenset()
-        return Node(bound_s=bound, b=sub.b, lo_s=lo, hi_s=hi, mip=mip, tail_lo_s=tail_lo, tail_hi_s=tail_hi,
-                     excluded_types=fixed, stages=stages)
-
     def root(self, sub: SubProblem) -> None:
         if self.pruned(sub.lower_bound_s):
             sub.status = "pruned by bound"
@@ -505,8 +452,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         lo = fluid_bottleneck_s(sub.problem) if self.windows else 0.0
         hi = self.inc_s / m if (self.windows and math.isfinite(self.inc_s)) else math.inf
         if self.formulation == "aggregated":
-            sub.types = enumerate_types(sub.problem, self.inc_s if math.isfinite(self.inc_s) else None)
-            sub.info["stage_types"] = {r: len(v) for r, v in sub.types.items()}
+            self.set_types(sub, enumerate_types(sub.problem, self.inc_s if math.isfinite(self.inc_s) else None))
             if self.knapsack and sub.problem.schedule == "1f1b":
                 # blocks are indivisible and stages come in the candidates' sizes: the covering
                 # knapsack bounds the bottleneck of every pipeline of >= 2 stages (formulations/knapsack_bound.py)
@@ -523,7 +469,10 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits):
         if self.windows and not math.isfinite(hi):  # no incumbent yet: the slowest stage type caps Tmax
             hi = max((t.time_s for ts in sub.types.values() for t in ts), default=lo)  # type: ignore[union-attr]
             hi = max(hi, max(sub.problem.link_hi_s.values()), lo)
-        node = self.evaluate(sub, lo, hi)
+        # bounded in a worker when one is idle, while this process starts the next root
+        self.evaluate_then(sub, Window(lo, hi), sub.lower_bound_s, lambda node: self.root_bounded(sub, node))
+
+    def root_bounded(self, sub: SubProblem, node: Node | None) -> None:
         if node is None:  # nothing in the root window beats the target
             sub.status = "no multi-stage plan better than incumbent" if math.isfinite(self.inc_s) else "infeasible"
             self.closed_bounds.setdefault(sub.b, []).append(self.target_s())

@@ -41,18 +41,20 @@ class LeafSolves:
     def solve_leaf(self, node: Node) -> None:
         sub = self.subs[node.b]
         mip = node.mip
-        assert mip is not None
-        cutoff = mip.options.cutoff_s
-        if isinstance(mip, AggregatedMIP) and cutoff is not None and self.inc_s < cutoff * (1 - tuning.REBUILD_CUTOFF_GAIN):
+        cutoff = node.built_cutoff_s
+        if mip is None or (isinstance(mip, AggregatedMIP) and cutoff is not None
+                           and self.inc_s < cutoff * (1 - tuning.REBUILD_CUTOFF_GAIN)):
             # the incumbent improved since this window's model was built: rebuild it with the new
-            # cutoff (tighter time bounds, more columns fixed by reduced costs); MIP time dwarfs this
+            # cutoff (tighter time bounds, more columns fixed by reduced costs); MIP time dwarfs
+            # this. A window a worker bounded has no model here: build it
             hi = min(node.hi_s, self.inc_s / sub.problem.num_micro_batches)
-            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s,
-                                  excluded=node.excluded_types) if hi > node.lo_s else None
+            fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, excluded=node.excluded_types,
+                                  stages=node.stages) if hi > node.lo_s else None
             if fresh is None or self.pruned(fresh.bound_s):
                 self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
             node.mip, node.hi_s, node.bound_s = fresh.mip, hi, max(node.bound_s, fresh.bound_s)
+            node.built_cutoff_s = fresh.built_cutoff_s
             mip = fresh.mip
             assert mip is not None
         n_open = 1 + len(self.open)
@@ -136,7 +138,7 @@ class LeafSolves:
         if hi <= node.lo_s:
             self.close(node, self.inc_s)
             return
-        built = node.mip.options.cutoff_s if node.mip is not None else None
+        built = node.built_cutoff_s
         if built is not None and self.inc_s < built * (1 - tuning.REBUILD_CUTOFF_GAIN):
             # the incumbent improved since this node's LP: re-bound it, fixing more stage types
             fresh = self.evaluate(sub, node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, excluded=node.excluded_types,
@@ -144,7 +146,7 @@ class LeafSolves:
             if fresh is None or self.pruned(fresh.bound_s):
                 self.close(node, self.target_s() if fresh is None else max(node.bound_s, fresh.bound_s))
                 return
-            node.mip, node.excluded_types = fresh.mip, fresh.excluded_types
+            node.mip, node.excluded_types, node.built_cutoff_s = fresh.mip, fresh.excluded_types, fresh.built_cutoff_s
             node.bound_s = max(node.bound_s, fresh.bound_s)
         skip, tail_hi = node.excluded_types, node.tail_hi_s
         # a tail window's upper edge holds for every stage of its plans, its lower edge for one

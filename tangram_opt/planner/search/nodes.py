@@ -2,8 +2,8 @@
 
 A sub-problem (:class:`SubProblem`) is one pipeline micro-batch size ``b``; a node (:class:`Node`)
 is a window ``[lo, hi]`` on its bottleneck stage time (optionally also on the largest step tail,
-or on the stage count) with a lower bound on every plan inside it; a :class:`LeafInFlight` is a
-node whose MIP a worker process is solving.
+or on the stage count) with a lower bound on every plan inside it; an :class:`InFlight` is a
+node a worker process is working on: a leaf whose MIP it solves, or a window it bounds.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType
-from tangram_opt.solvers import SolveOptions, relative_gap
-from tangram_opt.solvers.model import LinearModel
+from tangram_opt.solvers import relative_gap
+from tangram_opt.solvers.workers import Shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +56,22 @@ class SubProblem:
     best_choices: list[StageChoice] | None = None
     solve_time_s: float = 0.0
     types: dict[str, list[StageType]] | None = None
+    #: ``(problem, types)`` as worker processes receive it (solvers/workers.py ``Shared``): made
+    #: when a window first goes to a worker, dropped when ``types`` changes
+    shared: Shared | None = None
     info: dict[str, Any] = field(default_factory=lambda: {"windows": 0, "lp_solves": 0, "mip_solves": 0})
 
 
 @dataclass(slots=True)
-class LeafInFlight:
-    """A leaf whose MIP is being solved by a worker process; ``done`` takes its result."""
+class InFlight:
+    """A node a worker process is working on (it counts as open, with its bound, until then):
+    ``done`` takes the future's result; ``here`` does the same work in this process, for when
+    the worker failed."""
 
     future: Future
     node: Node
-    model: LinearModel
-    options: SolveOptions
     done: Callable[[Any], None]
+    here: Callable[[], Any]
     started: float
 
 
@@ -90,6 +94,10 @@ class Node:
     excluded_types: frozenset = field(default=frozenset(), compare=False)
     #: stage counts (first, last) of the plans this node holds; None: any
     stages: tuple[int, int] | None = field(default=None, compare=False)
+    #: the largest step tail of the window's stage types (None: not known, e.g. no aggregated model)
+    max_tail_s: float | None = field(default=None, compare=False)
+    #: the incumbent the window's model was built against (its cutoff; None: none)
+    built_cutoff_s: float | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"
@@ -103,4 +111,4 @@ class Node:
         return text
 
 
-__all__ = ["LeafInFlight", "Node", "SearchEvent", "SubProblem"]
+__all__ = ["InFlight", "Node", "SearchEvent", "SubProblem"]

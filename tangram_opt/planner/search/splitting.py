@@ -4,8 +4,9 @@
 wider than the leaf ratio, then on the stage count (sequence leaves) or on the largest step tail
 (aggregated leaves); where the step tail spans more seconds of step than the period window
 (slow NICs: exposed gradient sync), on the tail first (:meth:`WindowSplits.wide_tail_split_point`,
-formulations/pipeline_mip.md §5). Every split covers its node: children are evaluated by
-:meth:`BranchAndBound.evaluate` and pushed, pruned or closed.
+formulations/pipeline_mip.md §5). Every split covers its node: children are bounded by
+:meth:`BranchAndBound.evaluate_then` (in a worker process when one is idle) and pushed, pruned or
+closed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import Node
+from tangram_opt.planner.search.window_bounds import Window
 
 
 class WindowSplits:
@@ -43,14 +45,11 @@ class WindowSplits:
     def tail_window(self, node: Node) -> tuple[float, float] | None:
         """The node's window on the largest step tail, cut to its stage types' largest tail, or
         None when it is narrow (``tuning.TAIL_LEAF_FRACTION`` of the incumbent's step) or cannot be
-        split (no aggregated model, no incumbent, no types)."""
-        if not isinstance(node.mip, AggregatedMIP) or not math.isfinite(self.inc_s):
-            return None
-        tails = [t.tail_s for ts in node.mip.types.values() for t in ts]
-        if not tails:
+        split (no aggregated model bounded it, no incumbent)."""
+        if node.max_tail_s is None or not math.isfinite(self.inc_s):
             return None
         lo = 0.0 if node.tail_lo_s is None else node.tail_lo_s
-        hi = min(node.tail_hi_s, max(tails))
+        hi = min(node.tail_hi_s, node.max_tail_s)
         if hi - lo <= tuning.TAIL_LEAF_FRACTION * self.inc_s:
             return None
         return lo, hi
@@ -121,17 +120,22 @@ class WindowSplits:
         for lo_c, hi_c, tail_lo, tail_hi, stages_c in windows:
             parent = node.mip if (same_window and stages_c is not None and lo_c == node.lo_s
                                   and hi_c == node.hi_s) else None
-            child = self.evaluate(sub, lo_c, hi_c, tail_lo, tail_hi, excluded=node.excluded_types, stages=stages_c,
-                                  parent=parent)
-            if child is None:
-                self.close(node, self.target_s())  # nothing in this half beats the target
-                continue
-            child.bound_s = max(child.bound_s, node.bound_s)
-            if self.pruned(child.bound_s):
-                self.close(child, child.bound_s)
-            else:
-                heapq.heappush(self.open, child)
+            window = Window(lo_c, hi_c, tail_lo, tail_hi, node.excluded_types, stages_c)
+            self.evaluate_then(sub, window, node.bound_s, lambda child: self.child_bounded(node, child),
+                               parent=parent)  # type: ignore[arg-type]
         self.emit(f"{self.tag(node.b)}: split {node.describe()}")
+
+    def child_bounded(self, node: Node, child: Node | None) -> None:
+        """A child window of ``node`` came back bounded: queued, or closed when nothing in it
+        beats the target (it is no better than its parent's bound either way)."""
+        if child is None:
+            self.close(node, self.target_s())  # nothing in this half beats the target
+            return
+        child.bound_s = max(child.bound_s, node.bound_s)
+        if self.pruned(child.bound_s):
+            self.close(child, child.bound_s)
+        else:
+            heapq.heappush(self.open, child)
 
 
 __all__ = ["WindowSplits"]
