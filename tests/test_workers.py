@@ -241,6 +241,30 @@ def test_a_failing_worker_leaves_its_model_to_the_search(monkeypatch):
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
 
 
+def test_every_search_of_a_solve_shares_its_workers(monkeypatch):
+    # the single-pipeline search and the multi-pipeline level's sub-cluster searches use one pool:
+    # no sub-cluster search starts processes of its own, and the pool is gone after solve
+    cluster, model, training, space = _instance()
+    started, pools = [], []
+    init, run = SolverWorker.__init__, search_module.BranchAndBound._run
+
+    def starting(self):
+        started.append(self)
+        init(self)
+
+    def running(self):
+        pools.append(self.pool)
+        return run(self)
+
+    monkeypatch.setattr(SolverWorker, "__init__", starting)
+    monkeypatch.setattr(search_module.BranchAndBound, "_run", running)
+    plan = solve(cluster, model, training, space=space, time_limit_s=20, rel_gap=1e-9, threads=2)
+    assert len(pools) >= 2 and pools[0] is not None and all(p is pools[0] for p in pools)
+    assert len(started) <= 2 and all(not w.alive for w in started)
+    assert SolverPool.current() is None
+    assert plan.certificate.status == "optimal"
+
+
 def test_windows_whose_worker_fails_are_bounded_by_the_search(monkeypatch):
     cluster, model, training, space = _instance()
     alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,

@@ -29,9 +29,11 @@ import subprocess
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,11 +180,28 @@ class SolverWorker:
 
 class SolverPool:
     """Up to ``size`` solver workers, started when first asked for (a search that never reaches a
-    leaf starts none; each takes a fraction of a second to import, beside the caller)."""
+    leaf starts none; each takes a fraction of a second to import, beside the caller).
+
+    A pool made current (:meth:`as_current`) serves every search run inside that block: ``solve``
+    makes one for its whole run, so the searches of the multi-pipeline level's sub-clusters (a few
+    seconds each) use workers already started and do not start their own."""
 
     def __init__(self, size: int):
         self.size = max(0, size)
         self.workers: list[SolverWorker] = []
+
+    @staticmethod
+    def current() -> SolverPool | None:
+        """The pool made current by an enclosing :meth:`as_current`, if any."""
+        return _CURRENT.get()
+
+    @contextmanager
+    def as_current(self) -> Iterator[SolverPool]:
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
 
     def idle_worker(self) -> SolverWorker | None:
         if len(self.workers) < self.size:
@@ -204,6 +223,9 @@ class SolverPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_CURRENT: ContextVar[SolverPool | None] = ContextVar("tangram_opt_solver_pool", default=None)
 
 
 class DeadlineSolver:

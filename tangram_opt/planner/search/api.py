@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,14 @@ from tangram_opt.planner.multi_pipeline import combine_levels, run_multi_pipelin
 from tangram_opt.planner.multi_pipeline.options import MultiPipelineOptions
 from tangram_opt.planner.plan import CertificateStatus, Plan
 from tangram_opt.planner.search import tuning
-from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+from tangram_opt.planner.search.branch_and_bound import BranchAndBound, leaf_pool
 from tangram_opt.planner.search.nodes import SearchEvent
 from tangram_opt.planner.search.objective import Objective, objective_input
 from tangram_opt.planner.search.options import SearchOptions
 from tangram_opt.planner.search.priced import PricedSearch, plan_prices
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import DEFAULT_BACKEND, get_backend, relative_gap
+from tangram_opt.solvers.workers import SolverPool
 from tangram_opt.specs import load_cluster, load_model, load_training, training_from_dict
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
@@ -151,13 +153,31 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
                             fluid_cuts=knobs.fluid_cuts, knapsack=bool(knobs.knapsack),
                             sequence=bool(knobs.sequence_leaves), warm_start=knobs.warm_start,
                             on_progress=on_progress, t0=t0)
-    plan = search.run()
-    if knobs.multi_pipeline:
-        plan = _multi_pipeline_level(ctx, search, plan, knobs, backend=backend, time_limit_s=time_limit_s, t0=t0,
-                                     threads=threads, seed=seed, rel_gap=rel_gap)
+    with _workers_for_the_run(threads, backend):
+        plan = search.run()
+        if knobs.multi_pipeline:
+            plan = _multi_pipeline_level(ctx, search, plan, knobs, backend=backend, time_limit_s=time_limit_s,
+                                         t0=t0, threads=threads, seed=seed, rel_gap=rel_gap)
     if start is not None and start.step_time_s < plan.step_time_s:
         plan = _start_instead(plan, start, rel_gap)
     return _with_prices(_attach_expert_placement(plan, moe_load_imbalance), ctx)
+
+
+@contextmanager
+def _workers_for_the_run(threads: int, backend: str) -> Iterator[None]:
+    """One pool of solver processes for every search of this ``solve`` (the single-pipeline search,
+    its resumption and the multi-pipeline level's sub-cluster searches), unless an enclosing
+    ``solve`` made one: a sub-cluster search of a few seconds would otherwise spend a second
+    starting its own workers."""
+    pool = leaf_pool(threads, backend) if SolverPool.current() is None else None
+    if pool is None:
+        yield
+        return
+    try:
+        with pool.as_current():
+            yield
+    finally:
+        pool.close()
 
 
 def check_start(start: Any, cluster: Cluster, model: ModelSpec, training: TrainingSpec, launch: str | None) -> None:

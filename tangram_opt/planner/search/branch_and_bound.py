@@ -183,12 +183,14 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
         return self.with_workers(self._run)
 
     def with_workers(self, search: Callable[[], Plan]) -> Plan:
-        """``search()`` with solver processes for the leaves, when none were handed in: with HiGHS,
-        windows and ``threads >= 2``, one per spare core and ``tuning.EXTRA_LEAF_WORKERS`` more,
-        closed after it."""
+        """``search()`` with solver processes for the leaves and windows, when none were handed in:
+        with HiGHS, windows and ``threads >= 2``, the current pool (``solve``'s) or one of its own
+        (:func:`leaf_pool`), closed after it."""
         owned = None
         if self.pool is None and self.threads >= 2 and self.backend == "highs" and self.windows:
-            self.pool = owned = SolverPool(self.threads - 1 + tuning.EXTRA_LEAF_WORKERS)
+            self.pool = SolverPool.current()
+            if self.pool is None:
+                self.pool = owned = leaf_pool(self.threads, self.backend)
         try:
             return search()
         finally:
@@ -520,6 +522,15 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
         return make_plan(ctx, [pipe], method="mip", certificate=cert)
 
 
+def leaf_pool(threads: int, backend: str) -> SolverPool | None:
+    """The solver processes of a search with ``threads`` threads: one per spare core and
+    ``tuning.EXTRA_LEAF_WORKERS`` more, with HiGHS (whose branch and bound is serial) and
+    ``threads >= 2``; None otherwise. Workers start when first used."""
+    if threads < 2 or backend != "highs":
+        return None
+    return SolverPool(threads - 1 + tuning.EXTRA_LEAF_WORKERS)
+
+
 def _pruning_note(ctx: PlanningContext) -> str:
     st = getattr(ctx.provider, "stats", None)
     if st is None:
@@ -533,4 +544,4 @@ def _nothing_fits(ctx: PlanningContext) -> InfeasibleError:
     return diagnose_infeasible(ctx)
 
 
-__all__ = ["BranchAndBound"]
+__all__ = ["BranchAndBound", "leaf_pool"]
