@@ -183,6 +183,32 @@ def test_highs_solves_after_a_solve_with_another_thread_count():
         assert lp_relaxation_bound(model()) == pytest.approx(7.5)
 
 
+def test_an_lp_whose_warm_start_fails_is_solved_again_cold(monkeypatch):
+    # HiGHS may end without an answer from another model's basis (a level-2 zone pattern after
+    # the previous pattern's): the LP bound is then solved cold instead of being lost
+    from tangram_opt.solvers import lp_relaxation_bound
+    from tangram_opt.solvers.highs import HighsBackend
+    from tangram_opt.solvers.protocol import SolveResult
+
+    md = LinearModel()
+    xs = [md.add_var(f"x{i}", 0, 10, integer=True) for i in range(4)]
+    md.add(lsum(xs) >= 7.5, "cover")
+    md.minimize(lsum((i + 1) * x for i, x in enumerate(xs)))
+    assert lp_relaxation_bound(md) == pytest.approx(7.5) and "basis" in md.lp_cache
+    solve, starts = HighsBackend.solve, []
+
+    def failing_when_warm(self, model, options, *, relax=False):
+        warm = "basis" in model.lp_cache
+        starts.append(warm)
+        if warm:
+            return SolveResult(status=SolveStatus.ERROR, backend="highs", message="HiGHS status Unknown")
+        return solve(self, model, options, relax=relax)
+
+    monkeypatch.setattr(HighsBackend, "solve", failing_when_warm)
+    assert lp_relaxation_bound(md) == pytest.approx(7.5)
+    assert starts == [True, False]
+
+
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cp-sat"])  # continuous variables
 def test_free_and_one_sided_variables_and_an_empty_row(backend):
     # infinite bounds go to the solvers as they are (HiGHS takes them as its infinity)

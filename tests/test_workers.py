@@ -44,15 +44,18 @@ def test_a_worker_solves_the_model_it_is_sent_as_this_process_would():
     assert low.status == SolveStatus.INFEASIBLE
 
 
-def test_a_dead_worker_fails_its_future_and_is_never_idle_again():
+def test_a_dead_worker_fails_its_future_is_never_idle_again_and_is_replaced():
     with SolverPool(1) as pool:
         assert pool.workers == []  # none until asked for
         worker = pool.idle_worker()
         worker.proc.kill()
         worker.proc.wait()
-        assert pool.idle_worker() is None
+        assert not worker.idle
         with pytest.raises(RuntimeError):
             worker.submit(knapsack_model(), "highs", SolveOptions())
+        fresh = pool.idle_worker()  # the pool starts another in its place
+        assert fresh is not worker and pool.workers == [fresh]
+        assert fresh.submit(knapsack_model(), "highs", SolveOptions()).result(timeout=30).status == SolveStatus.OPTIMAL
     fresh = SolverWorker()
     try:
         fresh.proc.stdin.close()  # the worker reads EOF and exits: the request cannot be sent
@@ -105,6 +108,20 @@ def test_a_worker_and_its_caller_forget_the_same_shared_values():
         # the oldest is sent again, and the newest is still held on both sides
         assert worker.call(operator.getitem, (0,), shared=values[0]).result(timeout=30) == 0
         assert worker.call(operator.getitem, (0,), shared=values[-1]).result(timeout=30) == SHARED_KEEP
+
+
+def test_a_pool_stops_the_workers_busy_on_work_nobody_reads():
+    import time
+
+    with SolverPool(2) as pool:
+        busy = pool.idle_worker()
+        future = busy.call(time.sleep, (60,))
+        idle = pool.idle_worker()
+        assert idle is not busy
+        pool.stop_busy()  # what a search leaves behind when its time is up
+        assert not busy.alive and pool.workers == [idle] and idle.alive
+        with pytest.raises(WorkerError):
+            future.result(timeout=30)
 
 
 def test_highs_without_its_sub_mip_heuristics_reaches_the_same_optimum():

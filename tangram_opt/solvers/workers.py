@@ -204,9 +204,20 @@ class SolverPool:
             _CURRENT.reset(token)
 
     def idle_worker(self) -> SolverWorker | None:
+        self.workers = [w for w in self.workers if w.alive]  # dead or stopped ones are replaced
         if len(self.workers) < self.size:
             self.workers += [SolverWorker() for _ in range(self.size - len(self.workers))]
         return next((w for w in self.workers if w.idle), None)
+
+    def stop_busy(self) -> None:
+        """Stop the workers still working on a request nobody will read (a search that ran out of
+        time leaves its last leaves unfinished): they would take cores from whatever runs next.
+        Stopped workers are replaced when next asked for."""
+        for w in self.workers:
+            if not w.idle and w.alive:
+                w.proc.kill()
+                w.proc.wait()
+        self.workers = [w for w in self.workers if w.alive]
 
     @staticmethod
     def solve_here(model: LinearModel, backend: str, options: SolveOptions) -> SolveResult:

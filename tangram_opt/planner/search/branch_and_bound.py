@@ -194,9 +194,11 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
         try:
             return search()
         finally:
-            self.pool = None
             if owned is not None:
                 owned.close()
+            elif self.pool is not None:
+                self.pool.stop_busy()  # a shared pool: its unfinished leaves would slow what follows
+            self.pool = None
 
     def _run(self) -> Plan:
         ctx = self.ctx
