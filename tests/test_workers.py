@@ -212,9 +212,8 @@ def test_windows_bounded_in_workers_give_the_bounds_and_optimum_of_the_search_al
     def checking(self, fn, args, shared=None):
         future = call(self, fn, args, shared)
         if fn is bound_in_worker:
-            options, window, quick, target, limit = args
-            here = bound_model(build_aggregated(*shared.make(), options, window), window, quick_bound_s=quick,
-                               target_s=target, lp_time_limit_s=limit)
+            options, window, arguments = args
+            here = bound_model(build_aggregated(*shared.make(), options, window), window, **arguments)
             got = future.result(timeout=60)
             assert got.mip is None and (got.bound_s, got.fixed, got.max_tail_s, got.model_size) == \
                 (here.bound_s, here.fixed, here.max_tail_s, here.model_size)

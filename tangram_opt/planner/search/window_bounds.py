@@ -102,13 +102,11 @@ def bound_model(mip: AggregatedMIP | PositionalMIP | None, window: Window, *, qu
 
 
 def bound_in_worker(shared: tuple[PipelineProblem, dict[str, list[StageType]]], options: FormulationOptions,
-                    window: Window, quick_bound_s: float, target_s: float | None,
-                    lp_time_limit_s: float) -> WindowBound:
-    """:func:`build_aggregated` and :func:`bound_model` in a worker process, from the sub-problem
-    and stage types it holds (``shared``); the model stays behind."""
+                    window: Window, arguments: dict[str, Any]) -> WindowBound:
+    """:func:`build_aggregated` and :func:`bound_model` (with ``arguments``) in a worker process,
+    from the sub-problem and stage types it holds (``shared``); the model stays behind."""
     problem, types = shared
-    found = bound_model(build_aggregated(problem, types, options, window), window, quick_bound_s=quick_bound_s,
-                        target_s=target_s, lp_time_limit_s=lp_time_limit_s)
+    found = bound_model(build_aggregated(problem, types, options, window), window, **arguments)
     found.mip = None
     return found
 
@@ -184,16 +182,15 @@ class WindowBounds:
         window's bound, until then), else here. A window a worker bounds has no model in this
         process (``Node.mip`` None): a leaf builds its own, and its children are built anew."""
         worker = self.pool.idle_worker() if self.pool is not None and self.formulation == "aggregated" else None
-        built = self.formulation_options(sub).cutoff_s
+        options = self.formulation_options(sub)
+        built = options.cutoff_s
         if worker is None or sub.types is None:
             done(self.window_node(sub, window, self.bound_here(sub, window, parent), built))
             return
         if sub.shared is None:
             types = sub.types
             sub.shared = Shared(key=next(_SHARED_KEYS), make=lambda: (sub.problem, types))
-        args = self.bound_arguments(sub)
-        future = worker.call(bound_in_worker, (self.formulation_options(sub), window, args["quick_bound_s"],
-                                               args["target_s"], args["lp_time_limit_s"]), shared=sub.shared)
+        future = worker.call(bound_in_worker, (options, window, self.bound_arguments(sub)), shared=sub.shared)
         waiting = Node(bound_s=bound_s, b=sub.b, lo_s=window.lo_s, hi_s=window.hi_s, tail_lo_s=window.tail_lo_s,
                        tail_hi_s=window.tail_hi_s, excluded_types=window.excluded, stages=window.stages)
         self.inflight.append(InFlight(future, waiting, lambda found: done(self.window_node(sub, window, found, built)),
