@@ -107,20 +107,29 @@ def _number(x: float) -> str:
     return repr(float(x) + 0.0)  # as the LP reads it: 3 and 3.0 alike, -0.0 as 0.0
 
 
+#: row families added since the models were frozen (the tail averages): left out of the digest,
+#: so it still pins every other row as it was; test_the_windows_hold_every_row_family sees them
+ADDED = ("tail_gpus",)
+
+
+def _rows(model: LinearModel) -> list:
+    return [c for c in model.constraints if c.name.split("[")[0] not in ADDED]
+
+
 def _canonical(model: LinearModel) -> str:
     lines = [model.name]
     lines += [f"var {v.index} {v.name} {_number(v.lb)} {_number(v.ub)} {int(v.integer)}" for v in model.vars]
     lines += [f"row {c.name} {_number(c.lb)} {_number(c.ub)} " + " ".join(f"{i}:{_number(a)}"
                                                                           for i, a in c.coefs.items())
-              for c in model.constraints]
+              for c in _rows(model)]
     lines.append("min " + _number(model.objective.const) + " " +
                  " ".join(f"{i}:{_number(a)}" for i, a in model.objective.coefs.items()))
     return "\n".join(lines)
 
 
 def _summary(mip: AggregatedMIP) -> tuple[int, int, str]:
-    st = mip.model.stats()
-    return st.rows, st.nonzeros, hashlib.sha256(_canonical(mip.model).encode()).hexdigest()[:16]
+    rows = _rows(mip.model)
+    return len(rows), sum(len(c.coefs) for c in rows), hashlib.sha256(_canonical(mip.model).encode()).hexdigest()[:16]
 
 
 #: (rows, nonzeros, digest of the canonical model) per window, from the build before it was tuned
@@ -155,7 +164,7 @@ def test_the_windows_hold_every_row_family(windows):
                    "comm_send", "tmin_def", "link_block", "own_link", "short_def", "cycle_hi", "cycle_first_lo",
                    "neighbours", "neighbours_medium", "medium_def", "tail_mid", "tail_window", "tail_window_Y",
                    "successors", "successor_edges", "succ_ub", "Fmax", "stages_min", "min_stages", "island_block_hi",
-                   "island_block_lo"):
+                   "island_block_lo", *ADDED):
         assert family in names, family
     # and the neighbour rows of one island's heavy stages, besides those of every island's
     assert any(c.name.startswith("neighbours[") and "," in c.name for mip in windows.values()

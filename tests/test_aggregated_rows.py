@@ -279,3 +279,28 @@ def test_island_block_rows_are_tight_on_plans_whose_island_run_sets_the_period()
             assert slack <= 2 * len(ks) + 1, f"island {i}: a run of {len(ks)} setting the period leaves {slack} ticks"
             checked += 1
     assert checked >= 5, checked
+
+
+def test_tail_averages_lift_the_lp_and_stay_below_the_optimum():
+    # slow NICs (25 and 10 Gb/s, nodes of 2 GPUs): the gradient sync after the last backward is a
+    # large part of the step. The tail-average rows (tail_gpus) raise the root LP and
+    # keep it below the best plan (that every plan satisfies every row is _check_every_plan's part)
+    from tangram_opt.solvers.backends import lp_relaxation_bound
+
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none", "full"), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    cluster = make_cluster("slow", [dict(name="a100", gpu="A100-40", nodes=4, gpus_per_node=2, nic_gbps=25),
+                                    dict(name="l4", gpu="L4", nodes=4, gpus_per_node=2, nic_gbps=10)])
+    problem = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                              TrainingSpec(global_batch_size=16, seq_len=1024), space=space).problem(2)
+    types = enumerate_types(problem)
+    best = min(choices_timing(problem, list(p)).step_time_s for p in enumerate_plans(problem) if len(p) >= 2)
+    lps = {}
+    for on in (True, False):
+        opts = FormulationOptions(tick_s=_tick_for(best), tail_averages=on)
+        mip = AggregatedMIP(problem, opts, all_types=types, upper_tmax_s=best / problem.num_micro_batches).build()
+        names = {c.name.split("[")[0] for c in mip.model.constraints}
+        assert ("tail_gpus" in names) == on
+        lps[on] = lp_relaxation_bound(mip.model) * opts.tick_s
+    slack = rounding_ticks(problem.num_micro_batches) * _tick_for(best)
+    assert lps[False] * 1.02 < lps[True] <= best + slack, (lps, best)

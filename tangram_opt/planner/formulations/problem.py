@@ -150,6 +150,9 @@ class FormulationOptions:
     #: they slow the window MIPs, so the restricted primal search (whose bounds are not used) goes
     #: without them
     order_rows: bool = True
+    #: aggregated model: the tail-average rows (``tail_gpus``; valid, tighten the LP where stage
+    #: tails are long); off only to measure what they add
+    tail_averages: bool = True
     #: what the model minimizes (formulations/pipeline_mip.md §4b): "step_time" (the default),
     #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
     #: products of the stage binaries and the step time). The last two need ``island_prices``
