@@ -192,7 +192,7 @@ def test_formulation_sizes_gives_valid_lp_bounds_and_the_solve_trace_matches_the
     b = run.plan.pipelines[0].pipeline_micro_batch
     sizes = formulation_sizes("tiny-mixed", model, training, pipeline_micro_batches=[b],
                               variants=[{}, {"windows": False, "fluid_cuts": False, "mccormick_cuts": False,
-                                             "knapsack": False},
+                                             "tail_averages": False, "knapsack": False},
                                         {"formulation": "positional"}])
     assert sizes["formulation"].tolist() == ["aggregated", "aggregated", "positional"]
     built = sizes[sizes["status"] == "built"]
@@ -201,4 +201,4 @@ def test_formulation_sizes_gives_valid_lp_bounds_and_the_solve_trace_matches_the
     assert (built["lp_bound_s"] <= cert.objective_s * (1 + 1e-6)).all()
     agg, bare, pos = built.itertuples()
     assert agg.lp_bound_s >= bare.lp_bound_s - 1e-12  # cuts and the root window only tighten
-    assert pos.rows > agg.rows and pos.windows is None
+    assert pos.rows > agg.rows and pos.windows is None and pos.tail_averages is None

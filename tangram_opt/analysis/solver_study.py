@@ -200,12 +200,14 @@ def subproblem_frame(plan: Plan) -> pd.DataFrame:
 
 # --- model sizes without solving -------------------------------------------------------------
 #: the modelling options of :func:`formulation_sizes` (defaults: the planner's)
-SIZE_OPTIONS = ("formulation", "windows", "fluid_cuts", "mccormick_cuts", "knapsack", "cutoff_s", "lp_bound")
+SIZE_OPTIONS = ("formulation", "windows", "fluid_cuts", "mccormick_cuts", "tail_averages", "knapsack", "cutoff_s",
+                "lp_bound")
 
 
 def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec | dict | None = None, *,
                       space: SearchSpace | None = None, formulation: str = "aggregated", windows: bool = True,
-                      fluid_cuts: bool = True, mccormick_cuts: bool = True, knapsack: bool = True,
+                      fluid_cuts: bool = True, mccormick_cuts: bool = True, tail_averages: bool = True,
+                      knapsack: bool = True,
                       cutoff_s: float | None = None,
                       lp_bound: bool = True, lp_time_limit_s: float = 60.0,
                       pipeline_micro_batches: Iterable[int] | None = None,
@@ -227,12 +229,14 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
     - ``cutoff_s`` (the step time of a known plan) drops columns that cannot beat it, as the
       search does with its incumbent; None builds the full model.
     - ``mccormick_cuts`` (aggregated only; None in positional rows) is not a ``solve`` option: it
-      shows what that family of cuts adds to the LP bound.
+      shows what that family of cuts adds to the LP bound; so does ``tail_averages`` (aggregated only:
+      the rows that average the stages' tails, formulations/pipeline_mip.md §3).
     - ``variants``: several option sets (mappings over :data:`SIZE_OPTIONS`, the keywords giving the
       defaults) compared on one candidate table, which is built only once.
     """
     base = {"formulation": formulation, "windows": windows, "fluid_cuts": fluid_cuts,
-            "mccormick_cuts": mccormick_cuts, "knapsack": knapsack, "cutoff_s": cutoff_s, "lp_bound": lp_bound}
+            "mccormick_cuts": mccormick_cuts, "tail_averages": tail_averages, "knapsack": knapsack,
+            "cutoff_s": cutoff_s, "lp_bound": lp_bound}
     configs = []
     for v in (variants if variants is not None else [{}]):
         unknown = set(v) - set(SIZE_OPTIONS)
@@ -259,7 +263,7 @@ def formulation_sizes(cluster: Cluster | str, model: ModelSpec | str, training: 
                                    "candidates": len(prob.candidates), "candidates_s": cands_s,
                                    "quick_bound_s": quick, "stage_types": math.nan}
             if cfg["formulation"] == "positional":  # options it does not have are reported as None
-                row.update(windows=None, mccormick_cuts=None, knapsack=None)
+                row.update(windows=None, mccormick_cuts=None, tail_averages=None, knapsack=None)
             if not prob.candidates or ctx.max_stages < 2:
                 row["status"] = "no candidate" if not prob.candidates else "one stage only"
             else:
@@ -276,7 +280,7 @@ def _root_model_row(prob: Any, schedule: str, cfg: Mapping[str, Any], quick_s: f
     cutoff = cfg["cutoff_s"]
     ref = cutoff if cutoff is not None else quick_s * 2  # the search's time unit (BranchAndBound.formulation_options)
     opts = FormulationOptions(fluid_cuts=cfg["fluid_cuts"], mccormick_cuts=cfg["mccormick_cuts"], cutoff_s=cutoff,
-                              tick_s=tick_for(ref))
+                              tick_s=tick_for(ref), tail_averages=cfg["tail_averages"])
     if cfg["formulation"] == "positional":
         mip: AggregatedMIP | PositionalMIP = PositionalMIP(prob, opts).build()
         empty = False
