@@ -418,8 +418,8 @@ class AggregatedMIP(OrderRows):
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
 
-    def _tail_average_rows(self, md: LinearModel, Y: Var, U: Var, columns, island, gpus, fl, ce,  # type: ignore[no-untyped-def]
-                           out_lo: dict[int, float]) -> None:
+    def _tail_average_rows(self, md: LinearModel, Y: Var, U: Var,  # type: ignore[no-untyped-def]
+                           columns, island, gpus, fl, ce, out_lo: dict[int, float]) -> None:
         """``Y + U`` is at least every stage's *reach* ``v_s`` (its tail, plus its own backward
         and out-link when it is not the last stage: U counts them, but they are not upstream of
         it), hence at least any average of the reaches with weights summing to at most 1, such as
