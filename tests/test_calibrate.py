@@ -90,3 +90,15 @@ def test_cli_calibrate_writes_a_file_plan_reads(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tangram_opt", "calibrate", str(tmp_path / "missing.yaml"),
                           "--output", str(out)], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_a_calibration_pickles_to_an_equal_one():
+    # the search's worker processes receive the cost model with its calibration (planner/search/tables.py)
+    import pickle
+
+    from tangram_opt.cost.calibration import Calibration
+
+    cal = Calibration(matmul_efficiency={"*": 0.7, "A100-80": 0.8}, overlap_grad_reduce=False)
+    for c in (DEFAULT_CALIBRATION, cal):
+        back = pickle.loads(pickle.dumps(c))
+        assert back == c and hash(back) == hash(c) and dict(back.matmul_efficiency) == dict(c.matmul_efficiency)

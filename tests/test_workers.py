@@ -380,3 +380,63 @@ def test_a_deadline_solver_stops_an_overrunning_solve_and_starts_afresh():
     finally:
         ds.close()
     assert ds.worker is None
+
+
+def _tables(ctx):  # noqa: ANN001, ANN202
+    st = ctx.provider.stats
+    return ({b: ctx.candidates(b) for b in ctx.pipeline_micro_batches()},
+            (st.enumerated, st.invalid, st.no_fit, st.dominated, st.heuristic, st.kept, sorted(st.by_key.items())))
+
+
+def test_candidate_tables_priced_in_workers_are_the_tables_priced_here(monkeypatch):
+    # the search hands the tables of (island, size) pairs to its workers (planner/search/tables.py):
+    # the same rows, in the same order, and the same pruning counts as pricing them here
+    from tangram_opt.planner.context import PlanningContext
+    from tangram_opt.planner.search.tables import price_ahead
+
+    cluster, model, training, space = _instance()
+    here = _tables(PlanningContext(cluster, model, training, space=space))
+    ctx = PlanningContext(cluster, model, training, space=space)
+    monkeypatch.setattr(tuning, "PRICE_AHEAD_MIN_S", 0.0)
+    with SolverPool(2) as pool:
+        remote = price_ahead(ctx, ctx.pipeline_micro_batches(), pool)
+    sizes, islands = len(ctx.pipeline_micro_batches()), len(ctx.islands)
+    assert remote == (sizes - 1) * islands  # all but the first size's, which is priced here to time it
+    assert _tables(ctx) == here
+    # below the threshold, without a pool, or with another provider, nothing is handed out
+    monkeypatch.setattr(tuning, "PRICE_AHEAD_MIN_S", 1e9)
+    with SolverPool(2) as pool:
+        fresh = PlanningContext(cluster, model, training, space=space)
+        assert price_ahead(fresh, fresh.pipeline_micro_batches(), pool) == 0 and pool.workers == []
+    monkeypatch.setattr(tuning, "PRICE_AHEAD_MIN_S", 0.0)
+    fresh = PlanningContext(cluster, model, training, space=space)
+    assert price_ahead(fresh, fresh.pipeline_micro_batches(), None) == 0
+    from tangram_opt.planner.candidates import HeuristicallyPruned
+
+    pruned = PlanningContext(cluster, model, training, space=space,
+                             provider=HeuristicallyPruned(fresh.provider, fresh.kinds, 2))
+    with SolverPool(2) as pool:
+        assert price_ahead(pruned, pruned.pipeline_micro_batches(), pool) == 0 and pool.workers == []
+
+
+def test_tables_whose_worker_fails_are_priced_here(monkeypatch):
+    from tangram_opt.planner.context import PlanningContext
+    from tangram_opt.planner.search.tables import price_ahead
+
+    cluster, model, training, space = _instance()
+    here = _tables(PlanningContext(cluster, model, training, space=space))
+    failed = []
+
+    def broken(self, fn, args, shared=None):
+        fut: Future = Future()
+        fut.set_exception(WorkerError("solver worker failed: test"))
+        failed.append(args)
+        self.future = fut
+        return fut
+
+    monkeypatch.setattr(SolverWorker, "call", broken)
+    monkeypatch.setattr(tuning, "PRICE_AHEAD_MIN_S", 0.0)
+    ctx = PlanningContext(cluster, model, training, space=space)
+    with SolverPool(2) as pool:
+        assert price_ahead(ctx, ctx.pipeline_micro_batches(), pool) == 0
+    assert failed and _tables(ctx) == here

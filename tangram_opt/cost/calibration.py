@@ -133,6 +133,12 @@ class Calibration:
             raise SpecError("calibration.memory_reserve_bytes", self.memory_reserve_bytes, "must be >= 0",
                             "reserve e.g. 1.5 GiB")
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Pickled as its fields with plain dicts (a MappingProxyType does not pickle): the search's
+        worker processes receive the cost model (planner/search/tables.py)."""
+        return _calibration_of, ({n: dict(v) if isinstance(v, Mapping) else v
+                                  for n, v in ((n, getattr(self, n)) for n in self.__dataclass_fields__)},)
+
     def __hash__(self) -> int:  # MappingProxyType is not hashable; hash the contents
         return hash(tuple(tuple(sorted(getattr(self, n).items())) if isinstance(getattr(self, n), Mapping)
                           else getattr(self, n) for n in self.__dataclass_fields__))
@@ -170,6 +176,11 @@ class Calibration:
                                 "memory_efficiency")
             changes[name] = {**table, gpu_name: v}
         return replace(self, **changes)
+
+
+def _calibration_of(fields: dict[str, Any]) -> Calibration:
+    """A calibration from its fields (how it unpickles: ``Calibration.__reduce__``)."""
+    return Calibration(**fields)
 
 
 DEFAULT_CALIBRATION = Calibration()

@@ -85,8 +85,18 @@ class AnalyticalCandidates:
 
     def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
         key = (island.index, pipeline_micro_batch)
-        if key in self._cache:
-            return self._cache[key]
+        if key not in self._cache:
+            self.adopt(key, *self.price(island, pipeline_micro_batch))
+        return self._cache[key]
+
+    def has(self, island: Island, pipeline_micro_batch: int) -> bool:
+        """Whether the table of ``island`` and ``pipeline_micro_batch`` is priced already."""
+        return (island.index, pipeline_micro_batch) in self._cache
+
+    def price(self, island: Island, pipeline_micro_batch: int) -> tuple[list[Candidate], PruningStats]:
+        """The pruned table of ``island`` and ``pipeline_micro_batch`` and its counts, kept nowhere:
+        what a worker process runs when the search prices tables ahead (planner/search/tables.py)."""
+        key = (island.index, pipeline_micro_batch)
         st = PruningStats()
         kinds = [k for k in LAYER_KINDS if self.model.layers_of_kind(k)]
         rows: list[Candidate] = []
@@ -109,9 +119,23 @@ class AnalyticalCandidates:
             st.heuristic = pareto - len(kept)
         st.kept = len(kept)
         st.by_key[key] = (st.enumerated, st.kept)
+        return kept, st
+
+    def adopt(self, key: tuple[int, int], kept: list[Candidate], st: PruningStats) -> None:
+        """Keep a table priced by :meth:`price` (here or in a worker) and count it."""
         self.stats.merge(st)
         self._cache[key] = kept
-        return kept
+
+    def fresh(self) -> AnalyticalCandidates:
+        """The same provider with no table priced: what a worker process receives."""
+        return AnalyticalCandidates(self.model, self.cost, self.space)
+
+
+def price_table(provider: AnalyticalCandidates, island: Island, pipeline_micro_batch: int
+                ) -> tuple[list[Candidate], PruningStats]:
+    """``provider.price(island, pipeline_micro_batch)``, as a module-level function a worker process
+    can run (solvers/workers.py, ``SolverWorker.call``)."""
+    return provider.price(island, pipeline_micro_batch)
 
 
 class HeuristicallyPruned:

@@ -38,6 +38,7 @@ from tangram_opt.planner.search.leaves import LeafSolves
 from tangram_opt.planner.search.nodes import InFlight, Node, SearchEvent, SubProblem
 from tangram_opt.planner.search.primal import PrimalHeuristics
 from tangram_opt.planner.search.splitting import WindowSplits
+from tangram_opt.planner.search.tables import price_ahead
 from tangram_opt.planner.search.window_bounds import Window, WindowBounds
 from tangram_opt.solvers import SolveOptions, relative_gap, solve_model
 from tangram_opt.solvers.model import LinearModel
@@ -207,6 +208,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
                 self.subs[key] = SubProblem(b=key, problem=prob, lower_bound_s=quick_lower_bound(prob))
                 self.subs[key].info["label"] = label
         else:
+            price_ahead(ctx, ctx.pipeline_micro_batches(), self.pool)
             for b in ctx.pipeline_micro_batches():
                 prob = ctx.problem(b)
                 self.subs[b] = SubProblem(b=b, problem=prob, lower_bound_s=quick_lower_bound(prob))

@@ -106,6 +106,11 @@ WORKER_GRACE_S = 2.0
 #: solve in the search's process (formulations/pipeline_mip.md §5, seventh round); 0: the search
 #: solves such leaves itself
 EXTRA_LEAF_WORKERS = 1
+#: the search prices the candidate tables of its pipeline micro-batch sizes in its worker processes
+#: as well as its own when the tables of the first (smallest) size, times the number of sizes,
+#: take at least this long (tables.py); starting a worker costs a fraction of a second, which
+#: cheaper tables do not repay
+PRICE_AHEAD_MIN_S = 2.0
 #: share of ``time_limit_s`` the single-pipeline search may use when the multi-pipeline level follows
 MULTI_PIPELINE_SINGLE_SHARE = 0.7
 #: when the multi-pipeline level ends with at least RESUME_MIN_S left before this share of
