@@ -24,6 +24,7 @@ from tangram_opt.planner.space import SearchSpace
 from tangram_opt.export import identical_pipelines
 from tangram_opt.sim import cross_pipeline_allreduce, simulate, validate
 from tangram_opt.solvers import available_backends
+from tangram_opt.solvers.workers import solve_by_deadline
 from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
 
 BACKENDS = available_backends()
@@ -488,9 +489,30 @@ def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, i
         raise AssertionError("the level-2 MIP ran although its LP bound is at the cutoff")
 
     monkeypatch.setattr(l2, "solve_model", no_mip)
+    monkeypatch.setattr(l2, "solve_by_deadline", no_mip)
     monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: None)
     cut = solve_level2(ctx, run.templates, run.pricer, cutoff_s=cutoff, max_pipelines=rmax,
                        backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
     assert cut.pairs > 0  # the pairs did not all fall to the cutoff before the LP
     assert cut.info["solver_status"] == "not run (LP bound at the cutoff)"
     assert cut.status == "nothing better than the cutoff" and cut.bound_s == cutoff
+
+
+def test_a_large_level2_mip_runs_in_a_worker_under_a_hard_deadline_and_finds_the_same_plan(monkeypatch, tiny):
+    # HiGHS's presolve does not stop at the time limit, so a large level-2 MIP is solved in a worker
+    # process stopped shortly after it (level2.DEADLINE_NONZEROS); here every model counts as large
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = tiny
+    sent = []
+
+    def recording(md, backend, options, hard_s):
+        sent.append((options.time_limit_s, hard_s))
+        return solve_by_deadline(md, backend, options, hard_s)
+
+    monkeypatch.setattr(l2, "DEADLINE_NONZEROS", 0)
+    monkeypatch.setattr(l2, "solve_by_deadline", recording)
+    lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax, backend=BACKENDS[0],
+                      time_limit_s=60, rel_gap=1e-9)
+    assert len(sent) == 1 and sent[0][1] == pytest.approx(sent[0][0] + l2.DEADLINE_GRACE_S)
+    assert lv.status == "optimal" and lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)

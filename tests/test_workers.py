@@ -440,3 +440,22 @@ def test_tables_whose_worker_fails_are_priced_here(monkeypatch):
     with SolverPool(2) as pool:
         assert price_ahead(ctx, ctx.pipeline_micro_batches(), pool) == 0
     assert failed and _tables(ctx) == here
+
+
+def test_a_solve_by_deadline_answers_as_this_process_would_or_is_stopped():
+    # in a process of its own, or in an idle worker of the current pool; a deadline shorter than the
+    # worker needs stops it (NO_SOLUTION: nothing proven) and the pool starts another in its place
+    from tangram_opt.solvers.workers import solve_by_deadline
+
+    md = knapsack_model()
+    here = solve_model(md, "highs", SolveOptions(time_limit_s=10))
+    alone = solve_by_deadline(md, "highs", SolveOptions(time_limit_s=10), hard_s=60)
+    assert alone.status == SolveStatus.OPTIMAL and alone.objective == pytest.approx(here.objective)
+    with SolverPool(1) as pool, pool.as_current():
+        first = pool.idle_worker()
+        assert solve_by_deadline(md, "highs", SolveOptions(time_limit_s=10), hard_s=60).objective == \
+            pytest.approx(here.objective)
+        assert pool.workers == [first] and first.idle  # the pool's worker did it
+        stopped = solve_by_deadline(md, "highs", SolveOptions(time_limit_s=10), hard_s=1e-3)
+        assert stopped.status == SolveStatus.NO_SOLUTION and stopped.bound is None and "stopped" in stopped.message
+        assert not first.alive and pool.idle_worker() is not first

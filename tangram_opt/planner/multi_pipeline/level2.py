@@ -24,6 +24,7 @@ from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_fa
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
 from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, Var, lp_relaxation_bound, lsum, relative_gap,
                                  solve_model)
+from tangram_opt.solvers.workers import solve_by_deadline
 
 
 @dataclass(slots=True)
@@ -44,6 +45,13 @@ class Level2Result:
 #: with 0.3 of the whole level-2 time its four zone-pattern LPs ran out of time on issue 27's
 #: two-zone case and the bound fell back to the root LP, formulations/pipeline_mip.md §5)
 BRANCHED_LP_SHARE = 0.7
+#: a level-2 MIP with more nonzeros than this is solved in a worker process stopped
+#: DEADLINE_GRACE_S after its time limit (``solve_by_deadline``): HiGHS's presolve does not stop at
+#: the limit, and on "384 V100+A10G, MoE" of the communication-bound family (167,742 nonzeros) a
+#: 3.6 s limit ran 13 s, so a 60 s solve took 68 s. Smaller models are solved here: a process
+#: costs a fraction of a second to start
+DEADLINE_NONZEROS = 20_000
+DEADLINE_GRACE_S = 1.0
 #: "optimal" means a gap within the solver's tolerance or this resolution (three level-2 ticks; the
 #: level-2 MIP counts time in ticks of about cutoff / LEVEL2_TICKS, ticks.py)
 OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
@@ -347,7 +355,11 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             hinted = True
     st = md.stats()
     left = max(0.5, time_limit_s - (time.perf_counter() - t0))  # building, the greedy and the LP took their share
-    res = solve_model(md, backend, SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap))
+    mip_options = SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap)
+    if st.nonzeros > DEADLINE_NONZEROS:
+        res = solve_by_deadline(md, backend, mip_options, hard_s=left + DEADLINE_GRACE_S)
+    else:
+        res = solve_model(md, backend, mip_options)
     info = {"rows": st.rows, "columns": st.columns, "integers": st.integer_columns, "tick_s": tick,
             "fluid_lower_bound_s": fluid_s, "root_lp_bound_s": None if lp is None or not math.isfinite(lp) else lp * tick,
             "branched_lp_bound_s": None if branched is None else branched * tick,
