@@ -73,8 +73,10 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
       the same default as ``tangram-opt plan``;
     - ``time_limit_s`` (>= 0), ``rel_gap`` (in [0, 1): stop once the plan is proved within it; 0.01
       is reached much sooner than the default 0.01%), ``backend``, ``seed`` (>= 0);
-    - ``threads`` (>= 1): with HiGHS, ``threads - 1`` solver processes solve leaf MIPs beside the
-      search (solvers/workers.py; HiGHS's branch and bound is serial); other backends get the threads;
+    - ``threads`` (>= 1): with HiGHS and 2 or more, ``threads`` solver processes (one per spare
+      core and one more) solve leaf MIPs and bound windows beside the search, and on large searches
+      price its candidate tables first (solvers/workers.py; HiGHS's branch and bound is serial);
+      other backends get the threads;
     - ``space``: the plan space (:class:`SearchSpace`); ``on_progress``: called with a
       :class:`SearchEvent` after every step of the search;
     - measured inputs (docs/user_guide/profiling.md): ``calibration`` is a :class:`Calibration` or
