@@ -382,7 +382,7 @@ def test_a_deadline_solver_stops_an_overrunning_solve_and_starts_afresh():
     assert ds.worker is None
 
 
-def _tables(ctx):  # noqa: ANN001, ANN202
+def _tables(ctx):
     st = ctx.provider.stats
     return ({b: ctx.candidates(b) for b in ctx.pipeline_micro_batches()},
             (st.enumerated, st.invalid, st.no_fit, st.dominated, st.heuristic, st.kept, sorted(st.by_key.items())))
