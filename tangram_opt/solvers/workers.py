@@ -253,17 +253,10 @@ class DeadlineSolver:
     def solve(self, model: LinearModel, backend: str, options: SolveOptions, hard_s: float) -> SolveResult | None:
         if self.worker is None or not self.worker.alive:
             self.worker = SolverWorker()
-        fut = self.worker.submit(model, backend, options)
-        try:
-            return fut.result(timeout=hard_s)
-        except FutureTimeout:
-            self.worker.proc.kill()
-            self.worker.proc.wait()
+        res = _answer_within(self.worker, model, backend, options, hard_s)
+        if res is None:
             self.worker = None
-            return None
-        except WorkerError:
-            self.worker = None
-            return None
+        return res
 
     def close(self) -> None:
         if self.worker is not None:
@@ -271,30 +264,41 @@ class DeadlineSolver:
             self.worker = None
 
 
+def _answer_within(worker: SolverWorker, model: LinearModel, backend: str, options: SolveOptions,
+                   hard_s: float) -> SolveResult | None:
+    """``worker``'s answer to ``model`` within ``hard_s`` seconds; None when it failed or did not
+    answer in time (then it is killed)."""
+    try:
+        return worker.submit(model, backend, options).result(timeout=hard_s)
+    except FutureTimeout:
+        worker.proc.kill()
+        worker.proc.wait()
+        return None
+    except WorkerError:
+        return None
+
+
 def solve_by_deadline(model: LinearModel, backend: str, options: SolveOptions, hard_s: float) -> SolveResult:
     """``model`` solved in a worker process that is stopped ``hard_s`` seconds on, for a solve whose
     time limit the backend may overrun (HiGHS's presolve does not stop at it: the level-2 MIP of
     "384 V100+A10G, MoE" ran 13.0 s under a 3.6 s limit, 4.5 s without presolve). An idle worker of
     the current pool does it when there is one (a stopped one is replaced when next asked for),
-    else a process of its own. A stopped solve answers NO_SOLUTION: nothing found, nothing
-    proven; a failed worker leaves the solve to this process."""
+    else a process of its own. A stopped solve, or one whose worker failed, answers NO_SOLUTION:
+    nothing found, nothing proven (solving it here instead could overrun the limit again)."""
     pool = SolverPool.current()
     worker = pool.idle_worker() if pool is not None else None
     own = worker is None
     if worker is None:
         worker = SolverWorker()
     try:
-        return worker.submit(model, backend, options).result(timeout=hard_s)
-    except FutureTimeout:
-        worker.proc.kill()
-        worker.proc.wait()
-        return SolveResult(status=SolveStatus.NO_SOLUTION, backend=backend, solve_time_s=hard_s,
-                           message=f"stopped after {hard_s:.1f} s (time limit {options.time_limit_s:.1f} s)")
-    except WorkerError:
-        return solve_model(model, backend, options)
+        res = _answer_within(worker, model, backend, options, hard_s)
     finally:
         if own:
             worker.close()
+    return res if res is not None else SolveResult(
+        status=SolveStatus.NO_SOLUTION, backend=backend, solve_time_s=hard_s,
+        message=f"no answer: stopped after {hard_s:.1f} s (time limit {options.time_limit_s:.1f} s), "
+                "or its worker failed")
 
 
 def _run_call(request: _Call, held: OrderedDict) -> _Answer:
