@@ -251,3 +251,39 @@ def test_island_candidates_match_an_island_alone(tiny: PlanningContext) -> None:
     a100 = next(i for i in tiny.islands if i.gpu_name == "A100-40")
     with pytest.raises(SpecError):
         IslandCandidates(tiny, a100).candidates(other, 8)
+
+
+def test_greedy_fastest_fitting_is_the_first_fastest_candidate_that_fits(tiny: PlanningContext) -> None:
+    """The array pricing of the greedy picks what pricing every candidate alone picks: the
+    fastest (the first of equals) that fits in memory."""
+    from tangram_opt.baselines.greedy import _Sizes
+
+    def reference(rows, idx, layers, inflight, first, last):
+        best, best_t = None, math.inf
+        for ci, c in zip(idx, rows):
+            if c.memory_bytes(layers, inflight, first=first, last=last) > c.capacity_bytes:
+                continue
+            t = sum(n * c.layer[k].time_s for k, n in layers.items() if n)
+            t += (c.embedding.time_s if first else 0.0) + (c.head.time_s if last else 0.0)
+            if t < best_t:
+                best, best_t = ci, t
+        return best
+
+    checked = 0
+    for b in tiny.pipeline_micro_batches():
+        cands = tiny.candidates(b)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for ci, c in enumerate(cands):
+            groups.setdefault((c.island, c.gpus), []).append(ci)
+        for idx in groups.values():
+            rows = [cands[ci] for ci in idx]
+            sizes = _Sizes(rows, idx)
+            for n in (1, 3, 8, tiny.model.num_layers):
+                layers = {tiny.kinds[-1]: n}
+                for inflight in (1, 4, 16):
+                    for first, last in ((True, False), (False, False), (False, True), (True, True)):
+                        want = reference(rows, idx, layers, inflight, first, last)
+                        assert sizes.fastest_fitting(layers, inflight, first=first, last=last) == want
+                        checked += want is not None
+    assert checked > 50
+

@@ -307,6 +307,30 @@ def test_sub_cluster_keeps_shapes_zones_and_links():
     assert sub_cluster(cluster, islands, {}) is None
 
 
+def test_sub_provider_tables_are_the_full_tables_renumbered_and_kept():
+    """A sub-cluster's candidates are the full cluster's of the same island shape, cut to the
+    sub-island's stage sizes and renumbered; one provider serves every sub-cluster and hands
+    out copies of the list it keeps."""
+    from tangram_opt.planner.multi_pipeline.generation import SubProvider
+    cluster = load_cluster("two-zone")
+    ctx = PlanningContext(cluster, load_model("opt-350m"), TrainingSpec(global_batch_size=32, seq_len=1024))
+    provider = SubProvider(ctx)
+    sub = sub_cluster(cluster, ctx.islands, {1: 1})  # one node of the second island, alone: index 0
+    assert sub is not None
+    (island,) = find_islands(sub)
+    main = ctx.islands[1]
+    got = provider.candidates(island, 2)
+    sizes = set(island.valid_stage_sizes())
+    want = [c for c in ctx.provider.candidates(main, 2) if c.gpus in sizes]
+    assert got and len(got) == len(want) and island.index != main.index
+    for g, w in zip(got, want):
+        assert g.island == island.index and g.config == w.config and g.layer is w.layer
+        assert g.layer_transient_bytes == w.layer_transient_bytes and g.p2p_nic_s == w.p2p_nic_s
+    again = provider.candidates(island, 2)
+    assert again == got and again is not got and all(a is b for a, b in zip(again, got))
+    assert want[0].on_island(main.index) is want[0]
+
+
 def test_split_micro_batches_is_exact_and_balanced():
     ctx = PlanningContext(load_cluster("tiny-mixed"), load_model("opt-350m"),
                           TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16"))

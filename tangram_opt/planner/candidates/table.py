@@ -49,6 +49,17 @@ class Candidate:
     def gpus(self) -> int:
         return self.config.gpus
 
+    def on_island(self, island: int) -> Candidate:
+        """This candidate on island ``island`` (a sub-cluster's renumbering): a copy of its fields,
+        without ``dataclasses.replace``'s re-initialisation, which cost 25 us a candidate."""
+        if island == self.island:
+            return self
+        other = object.__new__(Candidate)
+        for name in Candidate.__slots__:
+            object.__setattr__(other, name, getattr(self, name))
+        object.__setattr__(other, "island", island)
+        return other
+
     def max_layers(self, kind: str, inflight: int, *, first: bool, last: bool) -> int:
         """Most layers of ``kind`` that fit in memory at a stage with ``inflight`` micro-batches."""
         free = self.capacity_bytes - self.fixed_bytes(inflight, first=first, last=last)

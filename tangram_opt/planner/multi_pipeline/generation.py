@@ -31,17 +31,23 @@ SinglePipelineSolver = Callable[..., Plan]
 
 
 class SubProvider:
-    """Candidates of a sub-cluster: the full cluster's table, renumbered and cut to the sub-island size."""
+    """Candidates of a sub-cluster: the full cluster's table, renumbered and cut to the sub-island
+    size. One provider may serve every sub-cluster of a cluster: the tables it made are kept by
+    (island shape, sub-island index, stage sizes, pipeline micro-batch)."""
 
     def __init__(self, ctx: PlanningContext):
         self.ctx = ctx
         self.by_shape = {(i.node, i.zone): i for i in ctx.islands}
+        self._tables: dict[tuple, list[Candidate]] = {}
 
     def candidates(self, island: Island, pipeline_micro_batch: int) -> list[Candidate]:
         main = self.by_shape[(island.node, island.zone)]
-        sizes = set(island.valid_stage_sizes())
-        return [replace(c, island=island.index) for c in self.ctx.provider.candidates(main, pipeline_micro_batch)
-                if c.gpus in sizes]
+        sizes = frozenset(island.valid_stage_sizes())
+        key = (main.index, island.index, sizes, pipeline_micro_batch)
+        if key not in self._tables:
+            self._tables[key] = [c.on_island(island.index) for c in self.ctx.provider.candidates(main, pipeline_micro_batch)
+                                 if c.gpus in sizes]
+        return list(self._tables[key])
 
 
 def sub_cluster(cluster: Cluster, islands: Sequence[Island], nodes: dict[int, int]) -> Cluster | None:
@@ -149,6 +155,7 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
     if single is not None:
         add("single-pipeline optimum", single.pipelines[0])
     subs = _sub_contexts(ctx, opts)
+    provider = SubProvider(ctx)  # one for all: the sub-clusters share island shapes
     for n, (origin, sub, batch) in enumerate(subs):
         left = deadline - time.perf_counter()
         if left <= 0.2:
@@ -164,7 +171,7 @@ def generate_templates(ctx: PlanningContext, single: Plan | None, opts: MultiPip
         training = replace(ctx.training, global_batch_size=batch)
         try:
             plan = solver(sub, ctx.model, training, time_limit_s=limit, backend=backend, threads=threads, seed=seed,
-                          rel_gap=max(rel_gap, 1e-3), space=space, provider=SubProvider(ctx),
+                          rel_gap=max(rel_gap, 1e-3), space=space, provider=provider,
                           calibration=ctx.calibration, profiles=ctx.profiles,
                           moe_load_imbalance=ctx.moe_load_imbalance)
         except TangramError as e:

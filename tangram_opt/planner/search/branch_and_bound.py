@@ -493,7 +493,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
             if not self.open and not any(s.status.startswith("not finished") or s.status == NOT_STARTED
                                          for s in self.subs.values()):
                 raise _nothing_fits(ctx)
-            raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend "
+            raise NoSolutionError(f"no plan found within {self.time_limit_s:.1f} s with backend "
                                   f"{self.backend!r}; raise time_limit_s or try another backend")
         bound = self.global_bound()
         objective = self.inc_s if self.inc_own_s is None else self.inc_own_s

@@ -480,7 +480,7 @@ class PricedSearch:
                                       "found break a limit in the exact closed form (the model relaxes the step "
                                       "time by a few ticks and the p2p side times); loosen the limit slightly")
             if any(s.status.startswith(("not", "error", "too large")) for s in self.subs.values()):
-                raise NoSolutionError(f"no plan found within {self.time_limit_s:.0f} s with backend {self.backend!r} "
+                raise NoSolutionError(f"no plan found within {self.time_limit_s:.1f} s with backend {self.backend!r} "
                                       f"({self.obj.describe()}); raise time_limit_s or try another backend")
             raise InfeasibleError(self.limits_diagnosis(), closest={"limits": self.obj.limits()})
         bound = self.global_bound()
