@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from tangram_opt.planner.candidates.sync import EMBEDDING, HEAD
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.inflight import inflight_micro_batches
@@ -153,8 +155,9 @@ class TemplatePricer:
                      optimizer_s=max(p.optimizer_s for p in parts),
                      ratio_s=max(p.bytes_per_gpu / self.bw_per_gpu(p.island) for p in parts),
                      nic_latency_s=max(ctx.islands[i].node.nic_latency_s for i in gpus))
-        t.min_period_s = self.timing(t, 2).bottleneck_s if sched == "1f1b" else self.timing(t, 1).bottleneck_s
-        t.period_s = self.timing(t, P + 1).bottleneck_s
+        first = self.timing(t, 2 if sched == "1f1b" else 1)
+        t.min_period_s = first.bottleneck_s
+        t.period_s = (first if sched == "1f1b" and P == 1 else self.timing(t, P + 1)).bottleneck_s
         return t
 
     def timing(self, t: Template, m: int) -> PipelineTiming:
@@ -245,12 +248,14 @@ def one_stage_templates(ctx: PlanningContext, pricer: TemplatePricer, start: int
             if t is not None:
                 groups.setdefault(c.island, []).append(t)
         for group in groups.values():
-            keys = [(t.total_gpus, pricer.cf(t, 1), t.parts[0].grad_sync_s, t.optimizer_s, t.ratio_s, -t.m_cap,
-                     t.min_period_s) for t in group]
+            keys = np.array([(t.total_gpus, pricer.cf(t, 1), t.parts[0].grad_sync_s, t.optimizer_s, t.ratio_s,
+                              -t.m_cap, t.min_period_s) for t in group], dtype=float)
             for i, t in enumerate(group):
-                dominated = any(j != i and all(a <= b_ for a, b_ in zip(keys[j], keys[i]))
-                                and (keys[j] != keys[i] or j < i) for j in range(len(group)))
-                if not dominated:
+                # dominated: another is no worse in every key and better in one, or equal and earlier
+                no_worse = np.all(keys <= keys[i], axis=1)
+                no_worse[i] = False
+                equal = np.all(keys == keys[i], axis=1)
+                if not np.any(no_worse & (~equal | (np.arange(len(group)) < i))):
                     out.append(t)
     for i, t in enumerate(out):
         t.index = start + i
