@@ -3,19 +3,21 @@
 Every parse problem becomes a :class:`~tangram_opt.errors.FormatError` that names the file, the line
 and column, and what to fix; nothing from the YAML or JSON parser escapes as a traceback. YAML is
 read with a safe loader (no arbitrary Python objects) that also rejects a key written twice in one
-mapping: PyYAML would silently keep the last one, so a duplicated ``nodes:`` line would change a
-cluster without a word.
+mapping, and JSON likewise: both parsers would silently keep the last one, so a duplicated ``nodes:``
+line would change a cluster without a word.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tangram_opt.errors import FormatError
+from tangram_opt.errors import FormatError, SpecError
+from tangram_opt.specs import _check
 
 #: Suffixes read as JSON; everything else is read as YAML (JSON is a subset of YAML 1.2, but the
 #: JSON parser gives better messages for JSON files).
@@ -62,8 +64,17 @@ def read_text(path: str | Path, *, field: str = "path") -> tuple[Path, str]:
 
 
 def parse_json(text: str, source: str) -> Any:
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in obj:
+                raise FormatError("file", source, f"is not valid JSON: found the key {key!r} twice in one object",
+                                  f"keep one '{key}' entry (JSON parsers silently keep the last one)")
+            obj[key] = value
+        return obj
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise FormatError("file", source, f"is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
                           "fix the JSON syntax (a trailing comma or a missing quote is the usual cause)") from None
@@ -80,6 +91,31 @@ def parse_yaml(text: str, source: str) -> Any:
                           "fix the YAML syntax (check the indentation and the 'key: value' form there)") from None
 
 
+def _yaml_float(text: str) -> str:
+    """Exponent notation ``text`` (``1e3``) as YAML 1.1 (PyYAML) reads a float: a dot in the mantissa and a
+    signed exponent (``1.0e+3``), followed by the plain decimal form when Python writes one (``or 1000``)."""
+    mantissa, exponent = text.strip().lower().split("e")
+    dotted = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{int(exponent):+d}"
+    plain = repr(float(text))
+    return dotted if "e" in plain else f"{dotted} or {plain.removesuffix('.0')}"
+
+
+def positive_number(field: str, value: Any, *, source: str = "", allow_zero: bool = False) -> float:
+    """:func:`_check.positive_float` for a value read from a file, with a fix for a number that arrived as
+    a string: PyYAML (YAML 1.1) reads ``1e3`` as the string '1e3', since its floats need a dot and a
+    signed exponent (``1.0e+3``); a quoted number (``"100"``) is a string in YAML and JSON alike."""
+    if isinstance(value, str):
+        try:
+            x = float(value)
+        except ValueError:
+            x = math.nan
+        if math.isfinite(x):
+            fix = (f"YAML reads exponent notation as a number only with a dot and a signed exponent: write "
+                   f"{_yaml_float(value)}" if "e" in value.lower() else f"write {value.strip()} without quotes")
+            raise SpecError(field, value, "must be a number", fix, source=source)
+    return _check.positive_float(field, value, source=source, allow_zero=allow_zero)
+
+
 def load_structured_file(path: str | Path) -> Any:
     """Parse a YAML or JSON file (by suffix); an empty file is an error, not ``None``."""
     p, text = read_text(path)
@@ -89,4 +125,4 @@ def load_structured_file(path: str | Path) -> Any:
     return data
 
 
-__all__ = ["load_structured_file", "parse_json", "parse_yaml", "read_text"]
+__all__ = ["load_structured_file", "parse_json", "parse_yaml", "positive_number", "read_text"]

@@ -18,14 +18,21 @@ from typing import Any
 from tangram_opt import units as u
 from tangram_opt.errors import SpecError
 from tangram_opt.specs import _check
-from tangram_opt.specs._io import load_structured_file
+from tangram_opt.specs._io import load_structured_file, positive_number
 from tangram_opt.specs.pricing import EGRESS_PRICE_FIELD, GROUP_PRICE_FIELD, reject_price_typos, usd_amount
-from tangram_opt.specs.hardware import GPUType, get_gpu_type, get_link, gpu_type_from_dict
+from tangram_opt.specs.hardware import GPUType, catalog_name, get_gpu_type, get_link, gpu_type_from_dict
 
 DEFAULT_ZONE = "default"
 #: InfiniBand/RoCE NIC latency used when a file does not give one (typical ~2-5 us per message
 #: for RDMA; we use 5 us to include the NCCL proxy).
 DEFAULT_NIC_LATENCY_S = 5 * u.US
+
+
+def _count(field: str, value: Any) -> None:
+    """A count set from Python: what the file loader accepts (:func:`_check.positive_int`), as an int."""
+    _check.positive_int(field, value)
+    if not isinstance(value, int):
+        raise SpecError(field, value, f"must be an int, not {type(value).__name__}", f"write {int(value)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +61,15 @@ class NodeSpec:
     gpus_per_pcie_switch: int = 1
 
     def __post_init__(self) -> None:
+        # the checks the file loader makes on the same figures (it names the file fields first);
+        # the NIC bandwidth must be > 0 even on a one-node group: stage boundaries to other groups
+        # and the sync between pipelines cross it
+        _count("gpus_per_node", self.gpus_per_node)
+        _check.text("intra_node_link", self.intra_node_link)
+        for name in ("intra_node_bw_bytes_per_s", "nic_bw_bytes_per_s"):
+            _check.positive_float(name, getattr(self, name))
+        for name in ("intra_node_latency_s", "nic_latency_s"):
+            _check.positive_float(name, getattr(self, name), allow_zero=True)
         if self.peer_to_peer is not None and not isinstance(self.peer_to_peer, bool):
             raise SpecError("peer_to_peer", self.peer_to_peer, "must be true, false or left out",
                             "write true or false (left out: the GPU type's default)")
@@ -109,6 +125,13 @@ class NodeGroup:
     zone: str = DEFAULT_ZONE
     usd_per_gpu_hour: float | None = None
 
+    def __post_init__(self) -> None:
+        _check.text("name", self.name)
+        _count("num_nodes", self.num_nodes)
+        _check.text("zone", self.zone)
+        if self.usd_per_gpu_hour is not None:
+            usd_amount("usd_per_gpu_hour", self.usd_per_gpu_hour)
+
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.node.gpus_per_node
@@ -128,6 +151,17 @@ class ZoneLink:
     bw_bytes_per_s: float
     latency_s: float
     egress_usd_per_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        _check.text("zone_a", self.zone_a)
+        _check.text("zone_b", self.zone_b)
+        if self.zone_a == self.zone_b:
+            raise SpecError("zone_b", self.zone_b, "is the same zone as zone_a",
+                            "a zone link joins two different zones")
+        _check.positive_float("bw_bytes_per_s", self.bw_bytes_per_s)
+        _check.positive_float("latency_s", self.latency_s, allow_zero=True)
+        if self.egress_usd_per_gb is not None:
+            usd_amount("egress_usd_per_gb", self.egress_usd_per_gb, unit="USD per GB", example="0.02")
 
     def joins(self, a: str, b: str) -> bool:
         return {a, b} == {self.zone_a, self.zone_b}
@@ -232,7 +266,8 @@ def _gpu_to_dict(g: GPUType) -> dict[str, Any]:
             "bf16_tflops": None if g.bf16_flops_per_s is None else g.bf16_flops_per_s / u.TFLOPS,
             "fp32_tflops": g.fp32_flops_per_s / u.TFLOPS, "memory_gib": g.hbm_bytes / u.GiB,
             "hbm_gbs": g.hbm_bw_bytes_per_s / u.GB_PER_S, "link": g.default_link,
-            **({} if g.pcie_peer_to_peer else {"pcie_p2p": False}), "vendor": g.vendor,
+            **({} if g.pcie_peer_to_peer else {"pcie_p2p": False}),
+            **({} if catalog_name(g.name) is None else {"replaces_catalog": True}), "vendor": g.vendor,
             "source": g.source, "notes": g.notes}
 
 
@@ -253,8 +288,16 @@ def cluster_from_dict(data: Any, *, source: str = "") -> Cluster:
     if not isinstance(gpu_list, list):
         raise SpecError("gpu_types", gpu_list, "must be a list of GPU type definitions",
                         "write '- name: ...' entries", source=source)
+    first: dict[str, tuple[int, str]] = {}
     for i, gd in enumerate(gpu_list):
         g = gpu_type_from_dict(gd, field=f"gpu_types[{i}]", source=source)
+        key = g.name.strip().lower()  # node groups name GPU types case-insensitively (get_gpu_type)
+        if key in first:
+            j, earlier = first[key]
+            raise SpecError(f"gpu_types[{i}].name", g.name, f"is already the name of gpu_types[{j}] ({earlier!r}; "
+                            "GPU type names are case-insensitive)", "give every GPU type a distinct name",
+                            source=source)
+        first[key] = (i, g.name)
         custom[g.name] = g
     groups_raw = _check.required("", data, "node_groups", source=source,
                                  hint="add node_groups: with at least one entry")
@@ -272,6 +315,12 @@ def cluster_from_dict(data: Any, *, source: str = "") -> Cluster:
             if z not in known_zones:
                 raise SpecError(f"zone_links[{i}].zones", [link.zone_a, link.zone_b],
                                 f"zone {z!r} has no node group", f"use one of {sorted(known_zones)}", source=source)
+        for j, earlier in enumerate(links[:i]):
+            if earlier.joins(link.zone_a, link.zone_b):
+                raise SpecError(f"zone_links[{i}].zones", [link.zone_a, link.zone_b],
+                                f"joins the same two zones as zone_links[{j}]",
+                                f"keep one of zone_links[{j}] and zone_links[{i}] (a pair of zones has one link)",
+                                source=source)
     try:
         return Cluster(name=name, node_groups=groups, zone_links=links, description=str(data.get("description", "")))
     except SpecError as e:
@@ -290,14 +339,15 @@ def _group_from_dict(d: Any, i: int, custom: Mapping[str, GPUType], source: str)
     nodes = _check.positive_int(f"{f}.nodes", _check.required(f, d, "nodes", source=source), source=source)
     per_node = _check.positive_int(f"{f}.gpus_per_node", d.get("gpus_per_node", 8), source=source)
     link = get_link(d.get("intra_node_link", gpu.default_link), field=f"{f}.intra_node_link", source=source)
-    intra_bw = (_check.positive_float(f"{f}.intra_node_gbs", d["intra_node_gbs"], source=source) * u.GB_PER_S
+    intra_bw = (positive_number(f"{f}.intra_node_gbs", d["intra_node_gbs"], source=source) * u.GB_PER_S
                 if d.get("intra_node_gbs") is not None else link.bw_bytes_per_s)
-    intra_lat = (_check.positive_float(f"{f}.intra_node_latency_us", d["intra_node_latency_us"], source=source)
-                 * u.US if d.get("intra_node_latency_us") is not None else link.latency_s)
-    nic = _check.positive_float(f"{f}.nic_gbps", _check.required(
+    intra_lat = (positive_number(f"{f}.intra_node_latency_us", d["intra_node_latency_us"], source=source,
+                                 allow_zero=True) * u.US
+                 if d.get("intra_node_latency_us") is not None else link.latency_s)
+    nic = positive_number(f"{f}.nic_gbps", _check.required(
         f, d, "nic_gbps", source=source, hint="add nic_gbps: total scale-out Gb/s per node, e.g. 400"),
         source=source) * u.GBIT_PER_S
-    nic_lat = (_check.positive_float(f"{f}.nic_latency_us", d["nic_latency_us"], source=source) * u.US
+    nic_lat = (positive_number(f"{f}.nic_latency_us", d["nic_latency_us"], source=source, allow_zero=True) * u.US
                if d.get("nic_latency_us") is not None else DEFAULT_NIC_LATENCY_S)
     zone = d.get("zone", DEFAULT_ZONE)
     if not isinstance(zone, str) or not zone:
@@ -324,11 +374,11 @@ def _zone_link_from_dict(d: Any, i: int, source: str) -> ZoneLink:
     reject_price_typos(f, d, _ZONE_FIELDS, price_field=EGRESS_PRICE_FIELD, unit="USD per GB", source=source)
     _check.no_unknown_keys(f, d, _ZONE_FIELDS, source=source)
     zones = _check.required(f, d, "zones", source=source, hint="add zones: [zone-a, zone-b]")
-    if not isinstance(zones, list) or len(zones) != 2 or zones[0] == zones[1]:
+    if not isinstance(zones, list) or len({str(z) for z in zones} - {""}) != 2:
         raise SpecError(f"{f}.zones", zones, "must name exactly two different zones", "write zones: [a, b]",
                         source=source)
-    bw = _check.positive_float(f"{f}.gbps", _check.required(f, d, "gbps", source=source), source=source)
-    lat = _check.positive_float(f"{f}.latency_ms", d.get("latency_ms", 1.0), source=source, allow_zero=True)
+    bw = positive_number(f"{f}.gbps", _check.required(f, d, "gbps", source=source), source=source)
+    lat = positive_number(f"{f}.latency_ms", d.get("latency_ms", 1.0), source=source, allow_zero=True)
     egress = (None if d.get(EGRESS_PRICE_FIELD) is None
               else usd_amount(f"{f}.{EGRESS_PRICE_FIELD}", d[EGRESS_PRICE_FIELD], source=source, unit="USD per GB",
                               example="0.02"))

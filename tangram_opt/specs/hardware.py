@@ -17,6 +17,7 @@ from typing import Any
 from tangram_opt import units as u
 from tangram_opt.errors import SpecError
 from tangram_opt.specs import _check
+from tangram_opt.specs._io import positive_number
 
 #: Precisions the cost model understands. "bf16"/"fp16" are mixed precision with fp32 master
 #: weights; "fp32" is full single precision on CUDA cores (no tensor cores).
@@ -107,6 +108,8 @@ class GPUType:
             _check.positive_float(f"{where}.fp8_flops_per_s", self.fp8_flops_per_s)
         if self.num_sms is not None:
             _check.positive_int(f"{where}.num_sms", self.num_sms)
+        if self.compute_capability is not None:
+            cuda_compute_capability(f"{where}.compute_capability", self.compute_capability)
         if self.default_link not in LINKS:
             raise SpecError(f"{where}.default_link", self.default_link, "is not a known link type",
                             f"use one of {', '.join(LINKS)}")
@@ -149,6 +152,22 @@ class GPUType:
         if self.vendor == "AMD":
             return True
         return self.compute_capability is None or self.compute_capability >= 8.0
+
+
+#: Plausible CUDA compute capabilities: 3.0 (Kepler, the oldest any current framework built for) to
+#: below 20 (Blackwell is 10.x and 12.x). A value such as 75 or 80 is 7.5 or 8.0 written without its dot.
+COMPUTE_CAPABILITY_RANGE = (3.0, 20.0)
+
+
+def cuda_compute_capability(field: str, value: Any, *, source: str = "") -> float:
+    """A CUDA compute capability ``major.minor`` in :data:`COMPUTE_CAPABILITY_RANGE`, or a SpecError."""
+    value = positive_number(field, value, source=source)
+    low, high = COMPUTE_CAPABILITY_RANGE
+    if not low <= value < high:
+        dotted = f"{int(value) // 10}.{int(value) % 10}" if value.is_integer() and 30 <= value < 200 else "8.0"
+        raise SpecError(field, value, f"is not a CUDA compute capability ({low:g} to below {high:g})",
+                        f"write it as major.minor with the dot, e.g. {dotted}", source=source)
+    return value
 
 
 def _gpu(name: str, *, half_tflops: float, bf16: bool = True, fp32_tflops: float, mem_gib: float | None = None,
@@ -277,6 +296,13 @@ def builtin_gpu_types() -> Mapping[str, GPUType]:
     return dict(_catalog)
 
 
+def catalog_name(name: str) -> str | None:
+    """The catalog GPU ``name`` means (a catalog name or alias, case-insensitive), or ``None``."""
+    by_lower = {k.lower(): k for k in _catalog}
+    key = name.strip().lower()
+    return by_lower.get(key) or by_lower.get(ALIASES.get(key, "").lower())
+
+
 def register_gpu_type(gpu: GPUType, *, replace: bool = False) -> GPUType:
     """Add a user-defined GPU type to the catalog so clusters can refer to it by name."""
     if gpu.name in _catalog and not replace and _catalog[gpu.name] != gpu:
@@ -315,42 +341,65 @@ def get_link(name: str, *, field: str = "intra_node_link", source: str = "") -> 
 
 
 _GPU_FIELDS = ("name", "fp16_tflops", "bf16_tflops", "fp8_tflops", "fp32_tflops", "memory_gib", "memory_gb",
-               "hbm_gbs", "link", "num_sms", "compute_capability", "pcie_p2p", "vendor", "source", "notes")
+               "hbm_gbs", "link", "num_sms", "compute_capability", "pcie_p2p", "vendor", "source", "notes",
+               "replaces_catalog")
 
 
 def gpu_type_from_dict(data: Mapping[str, Any], *, field: str = "gpu_types", source: str = "") -> GPUType:
-    """Build a user GPU type from file fields (TFLOPS, GiB/GB, GB/s); converts units once here."""
+    """Build a user GPU type from file fields (TFLOPS, GiB/GB, GB/s); converts units once here.
+
+    A name the catalog already has (or an alias of one) is refused unless ``replaces_catalog: true``
+    says the figures are meant to replace the catalog's for this cluster (the calibration, looked up
+    by name, then still applies). No check that FP32 is below FP16: Pascal GeForce/Tesla cards (GP102,
+    GP104: FP16 at 1/64 of the FP32 rate) really are faster in FP32.
+    """
     _check.mapping(field, data, source=source)
     _check.no_unknown_keys(field, data, _GPU_FIELDS, source=source)
     name = _check.text(f"{field}.name", _check.required(field, data, "name", source=source), source=source)
     f = field  # index-based path (gpu_types[0].memory_gib): the name may itself be the mistake
-    half = _check.positive_float(f"{f}.fp16_tflops", _check.required(f, data, "fp16_tflops", source=source),
-                                 source=source)
+    replaces = _check.boolean(f"{f}.replaces_catalog", data.get("replaces_catalog", False), source=source)
+    known = catalog_name(name)
+    if known is None and replaces:
+        raise SpecError(f"{f}.replaces_catalog", True, f"{name!r} is not a catalog GPU, so there is nothing to replace",
+                        "remove replaces_catalog (or name the catalog GPU whose figures these replace)", source=source)
+    if known is not None and (not replaces or known.lower() != name.strip().lower()):
+        fix = (f"name it {known} (the catalog spelling) to replace the catalog's figures" if replaces else
+               f"pick another name for your GPU type, or add replaces_catalog: true to replace the catalog's {known} "
+               "in this cluster")
+        raise SpecError(f"{f}.name", name, f"is already the catalog GPU {known}", fix, source=source)
+    half = positive_number(f"{f}.fp16_tflops", _check.required(f, data, "fp16_tflops", source=source), source=source)
     bf16 = data.get("bf16_tflops", half)
-    fp32 = _check.positive_float(f"{f}.fp32_tflops", data.get("fp32_tflops", half / 8), source=source)
+    fp32 = positive_number(f"{f}.fp32_tflops", data.get("fp32_tflops", half / 8), source=source)
+    if "memory_gib" in data and "memory_gb" in data:
+        # refused even when they agree: 80 GiB is 85.9 GB, so two figures that "agree" are a rounding apart
+        # and one of them would be silently ignored
+        raise SpecError(f"{f}.memory_gb", data["memory_gb"],
+                        f"is given together with memory_gib ({data['memory_gib']})",
+                        "keep one of them: memory_gib for GiB (2^30 bytes, HBM) or memory_gb for GB (10^9 bytes)",
+                        source=source)
     if "memory_gib" in data:
-        mem = _check.positive_float(f"{f}.memory_gib", data["memory_gib"], source=source) * u.GiB
+        mem = positive_number(f"{f}.memory_gib", data["memory_gib"], source=source) * u.GiB
     else:
-        mem = _check.positive_float(f"{f}.memory_gb", _check.required(
+        mem = positive_number(f"{f}.memory_gb", _check.required(
             f, data, "memory_gb", source=source, hint="add memory_gib: (or memory_gb:)"), source=source) * u.GB
-    hbm = _check.positive_float(f"{f}.hbm_gbs", _check.required(f, data, "hbm_gbs", source=source), source=source)
+    hbm = positive_number(f"{f}.hbm_gbs", _check.required(f, data, "hbm_gbs", source=source), source=source)
     link = data.get("link", "pcie4")
     get_link(link, field=f"{f}.link", source=source)
     return GPUType(name=str(name), fp16_flops_per_s=half * u.TFLOPS,
-                   bf16_flops_per_s=None if bf16 is None else _check.positive_float(
+                   bf16_flops_per_s=None if bf16 is None else positive_number(
                        f"{f}.bf16_tflops", bf16, source=source) * u.TFLOPS,
                    fp32_flops_per_s=fp32 * u.TFLOPS, hbm_bytes=mem, hbm_bw_bytes_per_s=hbm * u.GB_PER_S,
                    default_link=str(link).lower(),
                    num_sms=None if data.get("num_sms") is None else _check.positive_int(
                        f"{f}.num_sms", data["num_sms"], source=source),
-                   compute_capability=None if data.get("compute_capability") is None else _check.positive_float(
+                   compute_capability=None if data.get("compute_capability") is None else cuda_compute_capability(
                        f"{f}.compute_capability", data["compute_capability"], source=source),
-                   fp8_flops_per_s=None if data.get("fp8_tflops") is None else _check.positive_float(
+                   fp8_flops_per_s=None if data.get("fp8_tflops") is None else positive_number(
                        f"{f}.fp8_tflops", data["fp8_tflops"], source=source) * u.TFLOPS,
                    pcie_peer_to_peer=_check.boolean(f"{f}.pcie_p2p", data.get("pcie_p2p", True), source=source),
                    vendor=str(data.get("vendor", "custom")),
                    source=str(data.get("source", "user-defined")), notes=str(data.get("notes", "")))
 
 
-__all__ = ["GPUType", "LinkType", "LINKS", "PRECISIONS", "builtin_gpu_types", "get_gpu_type", "get_link",
-           "gpu_type_from_dict", "register_gpu_type"]
+__all__ = ["GPUType", "LinkType", "LINKS", "PRECISIONS", "builtin_gpu_types", "catalog_name", "cuda_compute_capability",
+           "get_gpu_type", "get_link", "gpu_type_from_dict", "register_gpu_type"]
