@@ -6,7 +6,7 @@ slowest pipeline's closed form plus the cross-pipeline all-reduce (bounded below
 factor, latency and zone-link terms, :class:`_ZoneBounds`) plus the slowest optimizer update. Times
 are integer ticks (ticks.py, ``LEVEL2_TICKS``) rounded so that the optimum is a valid lower bound;
 every answer is re-priced exactly (:meth:`TemplatePricer.objective`). A greedy plan
-(:func:`greedy_level2`) warm-starts it.
+(:func:`~tangram_opt.planner.multi_pipeline.warm_start.greedy_level2`) warm-starts it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.ticks import LEVEL2_TICKS, rounders, tick_for
 from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_factor
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
+from tangram_opt.planner.multi_pipeline.warm_start import (GREEDY_CHOICES, greedy_level2, split_micro_batches,
+                                                          uniform_replicas)
 from tangram_opt.solvers import (LinearModel, SolveOptions, SolveStatus, Var, lp_relaxation_bound, lsum, relative_gap,
                                  solve_model)
 from tangram_opt.solvers.workers import solve_by_deadline
@@ -31,7 +33,9 @@ from tangram_opt.solvers.workers import solve_by_deadline
 class Level2Result:
     """What the level-2 search found over the template space with 2..R_max pipelines."""
 
-    status: str  # "optimal", "feasible", "nothing better than the cutoff", "no solution", "not run"
+    #: "optimal", "feasible", "nothing better than the cutoff", "no solution", "not run", "model not
+    #: built (too large for the time left)[; greedy plan]"
+    status: str
     pipes: list[tuple[Template, int]] | None
     objective_s: float | None  # exact model objective of ``pipes``
     bound_s: float  # valid lower bound over the template space (R >= 2), capped by the cutoff
@@ -47,6 +51,12 @@ class Level2Result:
 #: the tenth round, when on a slower machine the four LPs took 5.0-5.3 s of a 5.4 s share and
 #: missed it in some runs, while the MIP after them found nothing in every run)
 BRANCHED_LP_SHARE = 0.9
+#: seconds one (template, micro-batch count) pair costs to build into the level-2 model with its
+#: rows (measured: 258,087 pairs of a 65,536-sequence batch took 26 s, then 6 s of LP, on a 2-core
+#: machine that runs this package about half as fast as the one of the planner pages). A model
+#: whose pairs would take longer than the time left is not built: the level's bound is then the
+#: fluid bound, and its plan the warm start's
+BUILD_S_PER_PAIR = 1e-4
 #: a level-2 MIP with more nonzeros than this is solved in a worker process stopped
 #: DEADLINE_GRACE_S after its time limit (``solve_by_deadline``): HiGHS's presolve does not stop at
 #: the limit, and on "384 V100+A10G, MoE" of the communication-bound family (167,742 nonzeros) a
@@ -84,122 +94,6 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> flo
     return sum(best[i.index] * i.num_gpus for i in ctx.islands)
 
 
-def split_micro_batches(pricer: TemplatePricer, replicas: Sequence[Template], batch: int) -> list[int] | None:
-    """Micro-batch counts for ``replicas`` (one each) summing exactly to ``batch`` sequences with the
-    smallest slowest CF' (bisection on the step, a subset-sum DP over the batch for each trial)."""
-    if not replicas:
-        return None
-    caps = [min(t.m_cap, batch // t.b) for t in replicas]
-    if any(c < 1 for c in caps):
-        return None
-    levels = sorted({pricer.cf(t, m) for t, c in zip(replicas, caps) for m in range(1, c + 1)})
-
-    def reach(limit: float) -> list[int] | None:
-        tops = []
-        for t, c in zip(replicas, caps):
-            top = 0
-            while top < c and pricer.cf(t, top + 1) <= limit:
-                top += 1
-            if top < 1:
-                return None
-            tops.append(top)
-        mask = (1 << (batch + 1)) - 1
-        layers = [1]
-        for t, top in zip(replicas, tops):
-            cur, nxt = layers[-1], 0
-            for m in range(1, top + 1):
-                nxt |= cur << (t.b * m)
-            layers.append(nxt & mask)
-        if not (layers[-1] >> batch) & 1:
-            return None
-        ms, left = [], batch
-        for i in range(len(replicas) - 1, -1, -1):
-            t = replicas[i]
-            m = next(m for m in range(tops[i], 0, -1) if left - t.b * m >= 0 and (layers[i] >> (left - t.b * m)) & 1)
-            ms.append(m)
-            left -= t.b * m
-        return ms[::-1]
-
-    lo, hi = 0, len(levels) - 1
-    if reach(levels[hi]) is None:
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reach(levels[mid]) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    return reach(levels[lo])
-
-
-#: templates per island the greedy warm start combines (the fastest by replicas x steady rate)
-GREEDY_CHOICES = 6
-
-
-def greedy_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer,
-                  max_pipelines: int) -> tuple[float, list[tuple[Template, int]]] | None:
-    """A quick multi-pipeline plan (the level-2 MIP's warm start): per island, replicas of one of its
-    fastest templates filling the island, micro-batches split by :func:`split_micro_batches`; and
-    replicas of any one template (:func:`uniform_replicas`)."""
-    B = ctx.training.global_batch_size
-    rate = {t.index: t.b / max(t.min_period_s, 1e-12) for t in templates}
-    per_island: list[list[tuple[float, Template, int]]] = []
-    for isl in ctx.islands:
-        opts = []
-        for t in templates:
-            if set(t.gpus) == {isl.index}:
-                k = min(max_pipelines, isl.num_gpus // t.gpus[isl.index])
-                if k >= 1:
-                    opts.append((k * rate[t.index], t, k))
-        opts.sort(key=lambda q: -q[0])
-        if opts:
-            per_island.append(opts[:GREEDY_CHOICES])
-    best: tuple[float, list[tuple[Template, int]]] | None = None
-    trials: list[list[Template]] = []
-    for combo in itertools.islice(itertools.product(*per_island), 64):
-        reps: list[tuple[float, Template]] = []
-        for _, t, k in combo:
-            reps += [(rate[t.index], t)] * k
-        reps.sort(key=lambda q: -q[0])
-        for r in range(min(max_pipelines, len(reps)), 1, -1):
-            trials.append([t for _, t in reps[:r]])
-    for reps_t in trials:
-        ms = split_micro_batches(pricer, reps_t, B)
-        if ms is None:
-            continue
-        pipes = list(zip(reps_t, ms))
-        obj = pricer.objective(pipes)
-        if best is None or obj < best[0]:
-            best = (obj, pipes)
-    for obj, pipes in uniform_replicas(ctx, templates, pricer, max_pipelines):
-        if best is None or obj < best[0]:
-            best = (obj, pipes)
-    return best
-
-
-def uniform_replicas(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer,
-                     max_pipelines: int) -> list[tuple[float, list[tuple[Template, int]]]]:
-    """Plans of R identical replicas of one template (every template, every R = 2..max_pipelines whose
-    replicas fit the GPUs), the micro-batches split as evenly as possible (CF' grows with m, so that
-    split is the best one). They cover templates spanning islands and zones, which the per-island
-    greedy leaves out: on issue 27's two-zone case two replicas of a 6-stage cross-zone template run
-    at 9.614 s where the greedy's best (one pipeline per zone) takes 9.925 s."""
-    B = ctx.training.global_batch_size
-    out = []
-    for t in templates:
-        if B % t.b:
-            continue
-        M = B // t.b
-        fit = min([max_pipelines, M] + [ctx.islands[i].num_gpus // g for i, g in t.gpus.items()])
-        for R in range(2, fit + 1):
-            lo, extra = divmod(M, R)
-            if lo + (extra > 0) > t.m_cap:
-                continue
-            pipes = [(t, lo + 1)] * extra + [(t, lo)] * (R - extra)
-            out.append((pricer.objective(pipes), pipes))
-    return out
-
-
 def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
                  max_pipelines: int, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
                  rel_gap: float = 1e-4, strengthen: bool = True) -> Level2Result:
@@ -226,10 +120,17 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             if v + floor[t.index] >= cutoff_s:
                 break  # CF' is increasing in m
             pairs.append((t, m, v))
+            if len(pairs) % 4096 == 0 and len(pairs) * BUILD_S_PER_PAIR > time_limit_s - (time.perf_counter() - t0):
+                # more pairs than the time left could build (a batch of 10^5-10^6 sequences: one pair
+                # per micro-batch count): the fluid bound over every template, and the greedy's plan
+                warm = greedy_level2(ctx, templates, pricer, Rmax, deadline=t0 + time_limit_s)
+                return _not_built(ctx, templates, warm, cutoff_s, f"more than {len(pairs)} pairs", t0,
+                                  pairs=len(pairs))
     if not pairs:
         return Level2Result(status="nothing better than the cutoff", pipes=None, objective_s=None,
                             bound_s=cutoff_s, templates=len(templates))
-    warm = greedy_level2(ctx, sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index), pricer, Rmax)
+    warm = greedy_level2(ctx, sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index), pricer, Rmax,
+                         deadline=t0 + time_limit_s)
     if warm is not None and warm[0] >= cutoff_s:
         warm = None
     # the warm start is a better cutoff: the MIP searches plans strictly better than it
@@ -243,6 +144,9 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     used_t = sorted({id(t): t for t, _, _ in pairs}.values(), key=lambda t: t.index)
     thr = fluid_throughput(ctx, used_t)
     fluid_s = B / thr if thr > 0 else 0.0
+    if len(pairs) * BUILD_S_PER_PAIR > time_limit_s - (time.perf_counter() - t0):
+        return _not_built(ctx, used_t, warm, cut, f"{len(pairs)} pairs", t0, pairs=len(pairs),
+                          templates_count=len(templates))
     reference = min(cut, max(cf for _, _, cf in pairs))
     tick = tick_for(reference, LEVEL2_TICKS)
     fl, _ = rounders(tick)  # ticks, rounded down: every row built with it is implied by the exact values
@@ -547,6 +451,26 @@ def _branched_lp(md: LinearModel, patterns: Sequence[dict[Any, int]], budget_s: 
             return None
         best = min(best, val)
     return best
+
+
+def _not_built(ctx: PlanningContext, templates: Sequence[Template], warm: tuple[float, list[tuple[Template, int]]] | None,
+               cutoff_s: float, why: str, t0: float, pairs: int = 0, templates_count: int | None = None
+               ) -> Level2Result:
+    """The level-2 model is too large to build in the time left: the plan is the warm start's and
+    the bound the fluid bound over ``templates`` (every plan of the template space below the
+    cutoff has ``Tpipe`` at least that, formulations/multi_pipeline.md), capped at the cutoff."""
+    thr = fluid_throughput(ctx, templates)
+    fluid_s = ctx.training.global_batch_size / thr if thr > 0 else 0.0
+    if warm is not None and warm[0] >= cutoff_s:
+        warm = None
+    info = {"fluid_lower_bound_s": fluid_s, "warm_start_s": warm[0] if warm is not None else None,
+            "solver_status": f"not run ({why}: about {BUILD_S_PER_PAIR:g} s each to build, more than the time left)"}
+    status = "model not built (too large for the time left)" + ("; greedy plan" if warm is not None else "")
+    return Level2Result(status=status, pipes=warm[1] if warm is not None else None,
+                        objective_s=warm[0] if warm is not None else None,
+                        bound_s=min(fluid_s, cutoff_s if warm is None else warm[0]), pairs=pairs,
+                        templates=len(templates) if templates_count is None else templates_count,
+                        solve_time_s=time.perf_counter() - t0, info=info)
 
 
 def _nothing_better(warm: tuple[float, list[tuple[Template, int]]] | None, cutoff_s: float, pairs: int,
