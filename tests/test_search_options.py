@@ -60,6 +60,9 @@ def test_none_means_where_it_applies():
 def test_default_training_is_valid_on_every_gpu():
     assert default_training(load_cluster("a100-v100")).precision == "fp16"  # V100: no bf16
     assert default_training(load_cluster("h100-64")).precision == "bf16"
+    # a learned position table caps the default sequence (OPT: 2,050 rows, 2,048 positions)
+    assert default_training(load_cluster("h100-64"), load_model("opt-350m")).seq_len == 2048
+    assert default_training(load_cluster("h100-64"), load_model("llama-3-8b")).seq_len == 4096
     _, _, training = planning_inputs("a100-v100", "llama-3-8b")
     assert (training.global_batch_size, training.seq_len) == (512, 4096)
 

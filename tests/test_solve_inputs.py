@@ -158,3 +158,20 @@ def test_fp8_plans_on_hopper_and_is_refused_where_a_gpu_has_no_fp8():
     with pytest.raises(SpecError) as exc:
         solve(load_cluster("tiny-mixed"), "llama-2-7b", fp8, time_limit_s=5)
     assert exc.value.field == "training.precision"
+
+
+def test_a_sequence_longer_than_a_learned_position_table_is_refused():
+    # OPT has learned positions (2,048 + 2 rows): no framework trains it at 4,096 tokens
+    with pytest.raises(SpecError) as err:
+        solve(_cluster(), MODEL, TrainingSpec(global_batch_size=8, seq_len=4096, precision="fp16"), time_limit_s=1)
+    assert err.value.field == "training.seq_len" and "max_position_embeddings" in str(err.value)
+
+
+@pytest.mark.parametrize("model, loads, problem", [
+    (MODEL, [[1, 2, 3]], "has no MoE layers"),
+    ("mixtral-8x7b", [[1, 2, 3]], "has 3 loads per layer but mixtral-8x7b has 8 experts"),
+])
+def test_expert_loads_that_are_not_the_models_are_refused(model, loads, problem):
+    with pytest.raises(SpecError) as err:
+        solve(_cluster(), model, TRAINING, expert_loads=loads, time_limit_s=1)
+    assert err.value.field == "expert_loads" and problem in str(err.value)

@@ -34,7 +34,7 @@ from tangram_opt.cli.catalogue import cmd_clusters, cmd_islands, cmd_models
 from tangram_opt.cli.common import (EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NO_PLAN,
                                     EXIT_OK, EXIT_UNAVAILABLE, PIPE_WIDTH, PROG, ComponentUnavailable, UsageError,
                                     _gap, _int_list, _node_budget, _note, _Parser, _positive_int, _seconds, _str_list,
-                                    exit_code_for)
+                                    _zero_list, exit_code_for)
 from tangram_opt.cli.experts import cmd_experts
 from tangram_opt.cli.many_runs import cmd_bench, cmd_sweep
 from tangram_opt.cli.measure import cmd_calibrate, cmd_profile
@@ -124,7 +124,7 @@ docs: docs/cli.md""")
     pl.add_argument("--batch", type=_positive_int, default=None, metavar="N",
                     help="global batch in sequences (default 512)")
     pl.add_argument("--seq", type=_positive_int, default=None, metavar="N",
-                    help="sequence length in tokens (default 4096)")
+                    help="sequence length in tokens (default 4096; 2048 for a model with learned positions such as OPT)")
     pl.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32", "fp8"), default="auto",
                     help="training precision; auto = bf16 if every GPU type supports it, else fp16 (default auto); "
                          "fp8 = FP8 linear layers (Transformer Engine) in a bf16 model, Hopper/Ada/Blackwell/MI300X")
@@ -141,7 +141,7 @@ docs: docs/cli.md""")
     pl.add_argument("--tp", type=_int_list, metavar="LIST",
                     help="allowed tensor-parallel sizes, e.g. 1,2,4 (default: every valid)")
     pl.add_argument("--cp", type=_int_list, metavar="LIST", help="allowed context-parallel sizes (default 1,2,4,8)")
-    pl.add_argument("--zero", type=_int_list, metavar="LIST", help="allowed ZeRO stages (default 0,1,2,3)")
+    pl.add_argument("--zero", type=_zero_list, metavar="LIST", help="allowed ZeRO stages (default 0,1,2,3)")
     pl.add_argument("--recompute", type=_str_list, metavar="LIST",
                     help="allowed recomputation: none,selective,full (default all)")
     pl.add_argument("--micro-batch-sizes", type=_int_list, metavar="LIST",
@@ -188,8 +188,8 @@ docs: docs/cli.md""")
     sh.add_argument("--format", "-f", default="table",
                     choices=("table", "json", "csv", "megatron", "deepspeed", "torchtitan"),
                     help="output format (default table)")
-    sh.add_argument("--cluster", help="cluster (only needed when the plan file has none)")
-    sh.add_argument("--model", help="model (only needed when the plan file has none)")
+    sh.add_argument("--cluster", help="cluster (default: the one stored in the plan file; the plan must match it)")
+    sh.add_argument("--model", help="model (default: the one stored in the plan file; the plan must match it)")
     sh.add_argument("--islands-picture", metavar="FILE", help="draw the islands and which stage runs where (.png/.svg)")
     sh.add_argument("--memory-picture", metavar="FILE", help="draw per-stage memory against capacity (.png/.svg)")
     sh.add_argument("--width", type=_positive_int, default=None, help="table width in columns")
@@ -199,8 +199,8 @@ docs: docs/cli.md""")
               "Replay one step of the plan with the discrete-event simulator (recomputing every stage from the specs) "
               "and compare with the plan's predictions.")
     si.add_argument("plan_file", metavar="PLAN_JSON")
-    si.add_argument("--cluster", help="cluster (default: the one stored in the plan file)")
-    si.add_argument("--model", help="model (default: the one stored in the plan file)")
+    si.add_argument("--cluster", help="cluster (default: the one stored in the plan file; the plan must match it)")
+    si.add_argument("--model", help="model (default: the one stored in the plan file; the plan must match it)")
     si.add_argument("--schedule", choices=("1f1b", "gpipe"), help="replay under another schedule")
     si.add_argument("--picture", metavar="FILE", help="draw the step timeline (.png/.svg)")
     si.add_argument("--sends", action="store_true", help="with --picture: also draw the p2p transfers")

@@ -92,14 +92,22 @@ def _gap(text: str) -> float:
     return v
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def _int_list(text: str, minimum: int = 1, example: str = "1,2,4") -> tuple[int, ...]:
+    """A comma-separated list of integers >= ``minimum`` (sizes and degrees: >= 1), no empty item."""
+    items = text.replace(" ", "").split(",")
     try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+        vals = tuple(int(x) for x in items)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
-    if not vals or any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"{text!r} must list integers >= 0, e.g. 1,2,4")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers with no empty item, "
+                                         f"e.g. {example}") from None
+    if any(v < minimum for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r} must list integers >= {minimum}, e.g. {example}")
     return vals
+
+
+def _zero_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of ZeRO stages (0 allowed)."""
+    return _int_list(text, minimum=0, example="0,1")
 
 
 def _str_list(text: str) -> tuple[str, ...]:

@@ -122,7 +122,8 @@ def _auto_precision(cluster: Any) -> str:
     return "bf16"
 
 
-def _training(args: argparse.Namespace, cluster: Any):  # type: ignore[no-untyped-def]
+def _training(args: argparse.Namespace, cluster: Any, model: Any):  # type: ignore[no-untyped-def]
+    from tangram_opt.planner.search.api import default_seq_len
     from tangram_opt.specs import TrainingSpec, load_training
 
     if args.training:
@@ -131,7 +132,8 @@ def _training(args: argparse.Namespace, cluster: Any):  # type: ignore[no-untype
                              "the other")
         return load_training(args.training)
     precision = _auto_precision(cluster) if args.precision == "auto" else args.precision
-    return TrainingSpec(global_batch_size=args.batch or 512, seq_len=args.seq or 4096, precision=precision)
+    return TrainingSpec(global_batch_size=args.batch or 512, seq_len=args.seq or default_seq_len(model),
+                        precision=precision)
 
 
 def _space(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -170,7 +172,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     space = _space(args)
     backend = args.backend or DEFAULT_BACKEND
     get_backend(backend)
-    training = _training(args, cluster)
+    training = _training(args, cluster, model)
     check_precision(training, cluster)
     live = sys.stderr.isatty() and not args.plain
     _note(f"planning {model.name} on {cluster.name} ({cluster.num_gpus} GPUs): global batch "

@@ -8,6 +8,27 @@ from tangram_opt.cost.config import RECOMPUTE_MODES, ZERO_STAGES
 from tangram_opt.errors import SpecError
 
 SCHEDULES = ("1f1b", "gpipe")
+#: tuple fields where None means "every valid value"
+_MAY_BE_NONE = ("tp", "ep", "pipeline_micro_batches")
+#: a valid value of each tuple field, for the fix of an error message
+_EXAMPLES = {"micro_batch_sizes": "(1, 2)", "tp": "(1, 2)", "cp": "(1, 2)", "ep": "(1, 2)", "zero": "(0, 1)",
+             "recompute": "('none', 'full')", "pipeline_micro_batches": "(1, 2)"}
+#: what each tuple field may hold, as the fix of an error message says it
+_ALLOWED = {"zero": "ZeRO stages among " + ", ".join(map(str, ZERO_STAGES)),
+            "recompute": "recomputation modes among " + ", ".join(RECOMPUTE_MODES)}
+
+
+def _is_int(v: object) -> bool:
+    """An integer count: ``int`` but not ``bool`` (``True`` is not a tensor-parallel degree)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _allowed(name: str, v: object) -> bool:
+    if name == "zero":
+        return _is_int(v) and v in ZERO_STAGES
+    if name == "recompute":
+        return isinstance(v, str) and v in RECOMPUTE_MODES
+    return _is_int(v) and v >= 1  # type: ignore[operator]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,26 +54,31 @@ class SearchSpace:
     heuristic_keep: int | None = None
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise SpecError("space.schedule", self.schedule, "is not a supported schedule",
                             f"use one of {', '.join(SCHEDULES)}")
-        for z in self.zero:
-            if z not in ZERO_STAGES:
-                raise SpecError("space.zero", z, "is not a ZeRO stage", "use values among 0, 1, 2, 3")
-        for r in self.recompute:
-            if r not in RECOMPUTE_MODES:
-                raise SpecError("space.recompute", r, "is not a recomputation mode",
-                                f"use values among {', '.join(RECOMPUTE_MODES)}")
-        for name in ("micro_batch_sizes", "cp"):
+        for name in ("micro_batch_sizes", "tp", "cp", "ep", "zero", "recompute", "pipeline_micro_batches"):
             vals = getattr(self, name)
-            if not vals or any((not isinstance(v, int)) or v < 1 for v in vals):
-                raise SpecError(f"space.{name}", vals, "must be a non-empty tuple of integers >= 1",
-                                "e.g. (1, 2, 4, 8)")
-        if self.heuristic_keep is not None and self.heuristic_keep < 1:
-            raise SpecError("space.heuristic_keep", self.heuristic_keep, "must be >= 1 or None",
-                            "keep at least one candidate per island and size, or None for exact pruning")
-        if self.max_stages is not None and self.max_stages < 1:
-            raise SpecError("space.max_stages", self.max_stages, "must be >= 1", "allow at least one stage")
+            if vals is None and name in _MAY_BE_NONE:
+                continue
+            example = _EXAMPLES[name] + (", or None for every valid value" if name in _MAY_BE_NONE else "")
+            if not isinstance(vals, (tuple, list)):
+                raise SpecError(f"space.{name}", vals, "must be a tuple of values", f"give a tuple such as {example}")
+            if not vals:
+                raise SpecError(f"space.{name}", vals, "is empty: it leaves nothing to search",
+                                f"give at least one value, e.g. {example}")
+            bad = [v for v in vals if not _allowed(name, v)]
+            if bad:
+                raise SpecError(f"space.{name}", vals, f"holds {bad[0]!r}, which is not allowed",
+                                f"use {_ALLOWED.get(name, 'integers >= 1')}, e.g. {example}")
+            object.__setattr__(self, name, tuple(vals))
+        for name, problem in (("max_stages", "most pipeline stages"),
+                              ("heuristic_keep", "candidates kept per island and size")):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise SpecError(f"space.{name}", v, f"must be a whole number >= 1 of {problem}, or None",
+                                f"e.g. space.{name}=2, or None for "
+                                + ("min(layers, 32, GPUs)" if name == "max_stages" else "exact pruning"))
 
     def describe(self) -> str:
         tp = "valid divisors of the node size" if self.tp is None else str(list(self.tp))

@@ -119,10 +119,11 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     get_backend(backend)  # fail fast on an unknown or missing backend
     check_numbers(time_limit_s=time_limit_s, threads=threads, seed=seed, rel_gap=rel_gap,
                   moe_load_imbalance=moe_load_imbalance)
+    check_model_inputs(model, training, expert_loads)
     calibration = calibration_input(calibration)
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
-    goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s, max_nodes)
+    goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s, max_nodes, cluster=cluster)
     check_start(start, cluster, model, training, launch)
     if not goal.is_default:
         if launch is not None:
@@ -367,7 +368,7 @@ def planning_inputs(cluster: Cluster | str, model: ModelSpec | str,
     cluster = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     model = model if isinstance(model, ModelSpec) else load_model(model)
     if training is None:
-        training = default_training(cluster)
+        training = default_training(cluster, model)
     elif isinstance(training, dict):
         training = training_from_dict(training)
     elif not isinstance(training, TrainingSpec):
@@ -375,12 +376,43 @@ def planning_inputs(cluster: Cluster | str, model: ModelSpec | str,
     return cluster, model, training
 
 
-def default_training(cluster: Cluster) -> TrainingSpec:
-    """512 sequences of 4096 tokens per step, in bf16 where every GPU of ``cluster`` supports it and
-    in fp16 otherwise (every GPU type supports fp16)."""
+def default_training(cluster: Cluster, model: ModelSpec | None = None) -> TrainingSpec:
+    """512 sequences of 4096 tokens per step (:func:`default_seq_len`: fewer for a model whose
+    learned position table is shorter), in bf16 where every GPU of ``cluster`` supports it and in
+    fp16 otherwise (every GPU type supports fp16)."""
     bf16 = all(g.gpu.supports("bf16") for g in cluster.node_groups)
-    return TrainingSpec(global_batch_size=DEFAULT_GLOBAL_BATCH, seq_len=DEFAULT_SEQ_LEN,
+    return TrainingSpec(global_batch_size=DEFAULT_GLOBAL_BATCH, seq_len=default_seq_len(model),
                         precision="bf16" if bf16 else "fp16")
+
+
+def default_seq_len(model: ModelSpec | None) -> int:
+    """4096 tokens, or for a model with learned positions the longest power of two its table
+    holds (OPT's 2,050 rows, 2,048 positions and OPT's two offset rows: 2,048)."""
+    if model is None or model.position_embedding != "learned":
+        return DEFAULT_SEQ_LEN
+    return min(DEFAULT_SEQ_LEN, 1 << (model.max_position_embeddings.bit_length() - 1))
+
+
+def check_model_inputs(model: ModelSpec, training: TrainingSpec, expert_loads: Any) -> None:
+    """Refuse a training run the model cannot take, and expert loads that are not the model's."""
+    if model.position_embedding == "learned" and training.seq_len > model.max_position_embeddings:
+        raise SpecError("training.seq_len", training.seq_len,
+                        f"exceeds the {model.max_position_embeddings} rows of {model.name}'s learned position table "
+                        "(max_position_embeddings): positions beyond it have no embedding",
+                        f"train with seq_len <= {model.max_position_embeddings}, or a model with rotary positions")
+    if expert_loads is None:
+        return
+    if not model.is_moe:
+        raise SpecError("expert_loads", "...", f"is given but {model.name} has no MoE layers",
+                        "drop expert_loads for a dense model")
+    from tangram_opt.experts.api import _as_layers  # the placement MIPs load only when asked for
+
+    rows, _ = _as_layers(expert_loads)
+    assert model.moe is not None
+    if rows.shape[1] != model.moe.num_experts:
+        raise SpecError("expert_loads", f"{rows.shape[0]} row(s) of {rows.shape[1]}",
+                        f"has {rows.shape[1]} loads per layer but {model.name} has {model.moe.num_experts} experts",
+                        f"give one load per expert ({model.moe.num_experts}) in each row")
 
 
 def check_numbers(*, time_limit_s: Any, threads: Any, seed: Any, rel_gap: Any, moe_load_imbalance: Any) -> None:
@@ -468,5 +500,5 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
 
 
 __all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_SEQ_LEN", "LEGACY_KNOBS", "LaunchPrice", "calibration_input",
-           "check_numbers", "default_training", "launch_price", "planning_inputs", "profiles_input", "solve",
+           "check_numbers", "default_seq_len", "default_training", "launch_price", "planning_inputs", "profiles_input", "solve",
            "solve_single_pipeline"]

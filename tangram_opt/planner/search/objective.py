@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_opt.errors import SpecError
+
+if TYPE_CHECKING:
+    from tangram_opt.specs.cluster import Cluster
 
 #: ``Objective.kind`` values
 OBJECTIVES = ("throughput", "min_cost", "cost_per_token")
@@ -102,9 +105,31 @@ class Objective:
         return words + (f" subject to {' and '.join(lim)}" if lim else "")
 
 
+def check_max_nodes(max_nodes: dict[str, int] | None, cluster: Cluster) -> None:
+    """A node budget (checked by :class:`Objective`) against ``cluster``: every name is one of its
+    node groups, no count is more than the group's nodes, and some GPU is left to plan on."""
+    if max_nodes is None:
+        return
+    groups = {g.name: g for g in cluster.node_groups}
+    for name, n in max_nodes.items():
+        if name not in groups:
+            raise SpecError(f"max_nodes[{name!r}]", n, f"is not a node group of cluster {cluster.name!r}",
+                            f"use one of {', '.join(groups)}")
+        if n > groups[name].num_nodes:
+            raise SpecError(f"max_nodes[{name!r}]", n, f"is more than the group's {groups[name].num_nodes} nodes",
+                            "give at most the group's node count")
+    if not any(max_nodes.get(g.name, g.num_nodes) for g in cluster.node_groups):
+        raise SpecError("max_nodes", max_nodes, f"leaves no node of cluster {cluster.name!r} to plan on (its groups: "
+                        + ", ".join(f"{g.name} {g.num_nodes} x {g.node.gpus_per_node} GPUs" for g in groups.values())
+                        + ")", "allow at least one node of some group, e.g. "
+                        f"max_nodes={{{next(iter(groups))!r}: 1}}, or None for no node budget")
+
+
 def objective_input(objective: Objective | str | None, budget_usd_per_h: Any = None,
-                    min_tokens_per_s: Any = None, max_nodes: Any = None) -> Objective:
-    """``solve``'s objective arguments as one :class:`Objective` (each value checked)."""
+                    min_tokens_per_s: Any = None, max_nodes: Any = None, *,
+                    cluster: Cluster | None = None) -> Objective:
+    """``solve``'s objective arguments as one :class:`Objective` (each value checked; the node
+    budget also against ``cluster`` when it is given, :func:`check_max_nodes`)."""
     if objective is None:
         objective = "throughput"
     if isinstance(objective, Objective):
@@ -115,12 +140,16 @@ def objective_input(objective: Objective | str | None, budget_usd_per_h: Any = N
             raise SpecError("budget_usd_per_h" if budget_usd_per_h is not None else "min_tokens_per_s",
                             budget_usd_per_h if budget_usd_per_h is not None else min_tokens_per_s,
                             "is given together with an Objective", "put the limit into the Objective(...)")
-        return objective
-    if not isinstance(objective, str):
+        goal = objective
+    elif not isinstance(objective, str):
         raise SpecError("objective", objective, "is not an objective name or an Objective",
                         f"use one of {', '.join(OBJECTIVES)} or tangram_opt.Objective(...)")
-    return Objective(kind=objective, budget_usd_per_h=budget_usd_per_h, min_tokens_per_s=min_tokens_per_s,
-                     max_nodes=max_nodes)
+    else:
+        goal = Objective(kind=objective, budget_usd_per_h=budget_usd_per_h, min_tokens_per_s=min_tokens_per_s,
+                         max_nodes=max_nodes)
+    if cluster is not None:
+        check_max_nodes(goal.max_nodes, cluster)
+    return goal
 
 
-__all__ = ["FORMULATION_OBJECTIVE", "OBJECTIVES", "OBJECTIVE_UNITS", "Objective", "objective_input"]
+__all__ = ["FORMULATION_OBJECTIVE", "OBJECTIVES", "OBJECTIVE_UNITS", "Objective", "check_max_nodes", "objective_input"]
