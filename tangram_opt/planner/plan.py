@@ -5,20 +5,30 @@ replicas of the model, each with its own share of the global batch). Each pipeli
 :class:`StagePlan`, each stage a homogeneous group of GPUs on one island. The :class:`Certificate`
 records the solver's incumbent, dual bound and gap, and the plan space they refer to.
 
-Plans round-trip through JSON (``Plan.to_json`` / ``Plan.from_json``) with a schema version.
+Plans round-trip through JSON (``Plan.to_json`` / ``Plan.from_json``) with a schema version; a plan
+read from a file is checked field by field (``Plan.from_dict``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram_opt import units as u
-from tangram_opt.cost.config import StageConfig
+from tangram_opt.cost.config import RECOMPUTE_MODES, ZERO_STAGES, StageConfig
 from tangram_opt.errors import FormatError, SpecError
+from tangram_opt.planner.islands import find_islands
+from tangram_opt.planner.space import SCHEDULES
+
+if TYPE_CHECKING:
+    from tangram_opt.specs.cluster import Cluster
+    from tangram_opt.specs.model import ModelSpec
+    from tangram_opt.specs.training import TrainingSpec
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -320,41 +330,220 @@ class Plan:
         Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Plan:
-        try:
-            version = d.get("schema_version")
-            if version != PLAN_SCHEMA_VERSION:
-                raise SpecError("schema_version", version, f"this tangram_opt reads plan schema {PLAN_SCHEMA_VERSION}",
-                                "re-create the plan with this version")
-            pipes = tuple(
-                PipelinePlan(stages=tuple(StagePlan(**s) for s in p["stages"]),
-                             **{k: v for k, v in p.items() if k != "stages"})
-                for p in d["pipelines"])
-            cert = d.get("certificate")
-            if cert is not None:
-                cert = Certificate(**{**cert, "subproblems": tuple(cert.get("subproblems", ())),
-                                      "trajectory": tuple(tuple(t) for t in cert.get("trajectory", ())),
-                                      "notes": tuple(cert.get("notes", ()))})
-            names = {f.name for f in fields(cls)} - {"pipelines", "certificate"}
-            return cls(pipelines=pipes, certificate=cert, **{k: v for k, v in d.items() if k in names})
-        except (KeyError, TypeError) as e:
-            raise FormatError("plan", type(e).__name__, f"is not a valid plan document ({e})",
-                              "pass a file written by Plan.save or `tangram-opt plan --output`") from None
+    def from_dict(cls, d: Any, *, source: str = "") -> Plan:
+        """A plan from its file form (:meth:`to_dict`), or from a plan file ``tangram-opt plan --output``
+        wrote (its ``plan`` part; the cluster, model and training run it also holds are read by
+        ``tangram_opt.export.read_plan_file``).
+
+        Every field is checked: its type, its range (parallel degrees, GPU counts and batch sizes
+        >= 1, layer indices and counts >= 0, finite times and bytes >= 0, known schedule, ZeRO stage
+        and recomputation mode), and the plan's own structure (at least one pipeline and one stage,
+        ``tp x cp x dp == gpus``, stages covering the layers contiguously from 0, each once, the
+        embedding first and the head last, the pipelines' sequences summing to the global batch).
+        Anything else raises :class:`FormatError` / :class:`SpecError` naming the field's path
+        (``pipelines[0].stages[2].tp``) and ``source``.
+        """
+        if isinstance(d, Mapping) and "schema" in d and "pipelines" not in d:  # the CLI's plan file
+            schema = d["schema"]
+            if schema != PLAN_FILE_SCHEMA:
+                raise FormatError("schema", schema, f"this tangram_opt reads plan files of schema "
+                                  f"{PLAN_FILE_SCHEMA!r}", "re-create the plan with this version, or upgrade "
+                                  "tangram_opt", source=source)
+            if "plan" not in d:
+                raise FormatError("plan", None, "is missing from the plan file", _FILE_FIX, source=source)
+            d = d["plan"]
+        if not isinstance(d, Mapping):
+            raise FormatError("plan", type(d).__name__, "must be a JSON object (a plan)", _FILE_FIX, source=source)
+        version = d.get("schema_version")
+        if version != PLAN_SCHEMA_VERSION:
+            raise FormatError("schema_version", version, f"this tangram_opt reads plan schema {PLAN_SCHEMA_VERSION}",
+                              "re-create the plan with this version" if "schema_version" in d else _FILE_FIX,
+                              source=source)
+        plan = _read(cls, d, "", source)
+        _check_structure(plan, source)
+        return plan
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str, *, source: str = "") -> Plan:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise FormatError("plan", "JSON", f"is not valid JSON (line {e.lineno}: {e.msg})",
-                              "pass a file written by Plan.save") from None
-        if not isinstance(d, dict):
-            raise FormatError("plan", type(d).__name__, "must be a JSON object", "pass a file written by Plan.save")
-        return cls.from_dict(d)
+            raise FormatError("plan", "JSON", f"is not valid JSON (line {e.lineno}: {e.msg})", _FILE_FIX,
+                              source=source) from None
+        return cls.from_dict(d, source=source)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        """A plan from a file :meth:`save` or ``tangram-opt plan --output`` wrote (see :meth:`from_dict`)."""
         p = Path(path)
         if not p.is_file():
             raise FormatError("plan", str(path), "file not found", "check the path")
-        return cls.from_json(p.read_text(encoding="utf-8"))
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise FormatError("plan", str(path), "is not a text (UTF-8) file", _FILE_FIX) from None
+        return cls.from_json(text, source=str(path))
+
+    def spec_mismatches(self, *, cluster: Cluster | None = None, model: ModelSpec | None = None,
+                        training: TrainingSpec | None = None) -> list[str]:
+        """How this plan differs from the specs it is shown, exported or replayed against (empty when it
+        matches them; a spec left None is not compared): the model's name and layers (every pipeline holds
+        the model's dense and MoE layers), the training run's global batch, sequence length and precision,
+        and the cluster's islands (every stage's island exists and has the stage's GPU type).
+        ``tangram_opt.validate`` checks every other rule."""
+        out: list[str] = []
+        if model is not None:
+            if self.model != model.name:
+                out.append(f"model: the plan is for {self.model!r}, the model given is {model.name!r}")
+            held: dict[tuple[int, int], list[int]] = {}  # (dense, MoE layers) -> the pipelines holding them
+            for pi, p in enumerate(self.pipelines):
+                held.setdefault((sum(s.num_dense_layers for s in p.stages),
+                                 sum(s.num_moe_layers for s in p.stages)), []).append(pi)
+            for (dense, moe), pis in held.items():
+                if (dense, moe) != (model.num_dense_layers, model.num_moe_layers):
+                    out.append(f"layers: pipeline {', '.join(map(str, pis))} holds {dense + moe} layers ({dense} dense "
+                               f"+ {moe} MoE), model {model.name!r} has {model.num_layers} "
+                               f"({model.num_dense_layers} dense + {model.num_moe_layers} MoE)")
+        if training is not None:
+            for name in ("global_batch_size", "seq_len", "precision"):
+                mine, want = getattr(self, name), getattr(training, name)
+                if mine != want:
+                    out.append(f"{name}: the plan has {mine!r}, the training run {want!r}")
+        if cluster is not None:
+            islands = {isl.name: isl for isl in find_islands(cluster)}
+            for name, gpu in sorted({(s.island, s.gpu) for s in self.stages}):
+                if name not in islands:
+                    out.append(f"island {name!r}: not an island of cluster {cluster.name!r} "
+                               f"(islands: {', '.join(islands)})")
+                elif islands[name].gpu_name != gpu:
+                    out.append(f"island {name!r}: the plan runs {gpu} GPUs there, cluster {cluster.name!r} has "
+                               f"{islands[name].gpu_name}")
+        return out
+
+
+#: the CLI's plan file envelope (``tangram_opt.export.envelope.PLAN_FILE_SCHEMA``, a layer above this one;
+#: tests/test_plan_inputs.py holds the two equal)
+PLAN_FILE_SCHEMA = "tangram_opt.plan/1"
+_FILE_FIX = "pass a file written by Plan.save or `tangram-opt plan --output`"
+_EDIT_FIX = "restore the value the planner wrote, or re-plan"
+#: integers of the file form that must be >= 1 (every other integer must be >= 0)
+_AT_LEAST_ONE = frozenset({"gpus", "tp", "cp", "dp", "ep", "micro_batch_size", "pipeline_micro_batch",
+                           "num_micro_batches", "global_batch_size", "seq_len", "schema_version"})
+#: plan figures that divide (tokens/s, MFU): > 0 (every other number must be >= 0)
+_POSITIVE = frozenset({"step_time_s", "used_peak_flops_per_s", "cluster_peak_flops_per_s"})
+_CHOICES: dict[str, tuple[str, tuple[Any, ...]]] = {"zero": ("ZeRO stage", ZERO_STAGES),
+                                                    "recompute": ("recomputation mode", RECOMPUTE_MODES),
+                                                    "schedule": ("pipeline schedule", SCHEDULES)}
+#: keys of the file form written for readers and ignored when read
+_DERIVED = {Plan: ("metrics",)}
+_WHAT = {Plan: "a plan", PipelinePlan: "a pipeline", StagePlan: "a stage", Certificate: "a certificate"}
+
+
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _read(cls: type, d: Any, path: str, source: str) -> Any:
+    """An instance of plan dataclass ``cls`` from its file form ``d`` found at ``path``: every key a field,
+    every field without a default present, each value of its field's type and range."""
+    what = _WHAT[cls]
+    if not isinstance(d, Mapping):
+        raise FormatError(path or "plan", type(d).__name__, f"must be a JSON object ({what})", _FILE_FIX,
+                          source=source)
+    names = [f.name for f in fields(cls)]
+    for key in d:
+        if key not in names and key not in _DERIVED.get(cls, ()):
+            raise FormatError(_at(path, str(key)), d[key], f"is not a field of {what}",
+                              f"remove it (the fields are {', '.join(names)}), or upgrade tangram_opt if a newer "
+                              "version wrote the file", source=source)
+    kw = {}
+    for f in fields(cls):
+        where = _at(path, f.name)
+        if f.name not in d:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise FormatError(where, None, f"is missing from {what}", _FILE_FIX, source=source)
+            continue
+        kw[f.name] = _value(where, f.name, d[f.name], str(f.type), cls is not Certificate, source)
+    return cls(**kw)
+
+
+def _value(where: str, name: str, v: Any, kind: str, ranged: bool, source: str) -> Any:
+    """One field's value, checked against its annotation ``kind`` (and, with ``ranged``, its range)."""
+    if kind.endswith(" | None"):
+        if v is None:
+            return None
+        kind = kind.removesuffix(" | None")
+    nested = {"tuple[StagePlan, ...]": StagePlan, "tuple[PipelinePlan, ...]": PipelinePlan,
+              "Certificate": Certificate}.get(kind)
+    if nested is Certificate:
+        return _read(Certificate, v, where, source)
+    if kind.startswith("tuple["):
+        if not isinstance(v, (list, tuple)) or (nested is not None and not v):  # a tuple: to_dict() unserialized
+            raise FormatError(where, v, "must be a non-empty list" if nested else "must be a list",
+                              _FILE_FIX, source=source)
+        if nested is not None:
+            return tuple(_read(nested, x, f"{where}[{i}]", source) for i, x in enumerate(v))
+        item, want = {"tuple[str, ...]": (str, "a string"),
+                      "tuple[dict[str, Any], ...]": (Mapping, "a JSON object")}.get(kind, ((list, tuple), "a list"))
+        for i, x in enumerate(v):
+            if not isinstance(x, item):
+                raise FormatError(f"{where}[{i}]", x, f"must be {want}", _FILE_FIX, source=source)
+        return tuple(tuple(x) if isinstance(x, list) else x for x in v)
+    if kind.startswith("dict["):
+        if not isinstance(v, Mapping):
+            raise FormatError(where, v, "must be a JSON object", _FILE_FIX, source=source)
+        if kind == "dict[str, int]":
+            for key, x in v.items():
+                _value(f"{where}.{key}", name, x, "int", ranged, source)
+        return dict(v)
+    if kind in ("str", "CertificateStatus"):
+        ok, want = isinstance(v, str) and (bool(v) or not ranged), "a non-empty string" if ranged else "a string"
+    elif kind == "bool":
+        ok, want = isinstance(v, bool), "true or false"
+    elif kind == "int":
+        ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
+    else:
+        assert kind == "float", f"no reader for {kind}"
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isfinite(v) or not ranged)
+        want = "a finite number" if ranged else "a number"
+    if not ok:
+        raise FormatError(where, v, f"must be {want}", _EDIT_FIX, source=source)
+    if not ranged:
+        return v
+    if name in _CHOICES and v not in _CHOICES[name][1]:
+        what, choices = _CHOICES[name]
+        raise SpecError(where, v, f"is not a {what}", f"use one of {', '.join(map(str, choices))}", source=source)
+    low = 1 if (kind == "int" and name in _AT_LEAST_ONE) else 0
+    if kind in ("int", "float") and (v < low or (kind == "float" and name in _POSITIVE and v <= 0)):
+        raise SpecError(where, v, f"must be {'> 0' if name in _POSITIVE else f'>= {low}'}", _EDIT_FIX, source=source)
+    return v
+
+
+def _check_structure(plan: Plan, source: str) -> None:
+    """The rules a plan read from a file must follow without its specs (see :meth:`Plan.from_dict`)."""
+    fix = _EDIT_FIX
+    for pi, pipe in enumerate(plan.pipelines):
+        end, last = 0, len(pipe.stages) - 1
+        for k, s in enumerate(pipe.stages):
+            where = f"pipelines[{pi}].stages[{k}]"
+            if s.tp * s.cp * s.dp != s.gpus:
+                raise SpecError(f"{where}.gpus", s.gpus, f"is not tp({s.tp}) x cp({s.cp}) x dp({s.dp}) = "
+                                f"{s.tp * s.cp * s.dp}", fix, source=source)
+            if s.num_layers < 1:
+                raise SpecError(f"{where}.num_dense_layers", s.num_dense_layers, "the stage holds no layer "
+                                f"(num_dense_layers + num_moe_layers = {s.num_layers})", fix, source=source)
+            if s.first_layer != end:
+                raise SpecError(f"{where}.first_layer", s.first_layer,
+                                f"must be {end}: the stages hold the layers contiguously from 0, each once"
+                                + (f" (stage {k - 1} ends at layer {end - 1})" if k else ""), fix, source=source)
+            end += s.num_layers
+            if s.has_embedding != (k == 0) or s.has_head != (k == last):
+                field_ = "has_embedding" if s.has_embedding != (k == 0) else "has_head"
+                raise SpecError(f"{where}.{field_}", getattr(s, field_), "the embedding is on the first stage "
+                                "only and the LM head on the last only", fix, source=source)
+    seqs = [p.pipeline_micro_batch * p.num_micro_batches for p in plan.pipelines]
+    if sum(seqs) != plan.global_batch_size:
+        terms = " + ".join(f"{p.pipeline_micro_batch} x {p.num_micro_batches}" for p in plan.pipelines)
+        raise SpecError("pipelines", terms, f"pipeline_micro_batch x num_micro_batches summed over the pipelines "
+                        f"is {sum(seqs)} sequences, but global_batch_size is {plan.global_batch_size}", fix,
+                        source=source)

@@ -36,8 +36,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tangram_opt import units as u
@@ -46,6 +47,7 @@ from tangram_opt.errors import SpecError
 from tangram_opt.planner.plan import Plan
 from tangram_opt.sim._stages import SCHEDULES, StageWork, island_by_name, p2p_times, stage_tail_parts, stage_work
 from tangram_opt.sim.cross_sync import allreduce_hook
+from tangram_opt.specs import load_cluster, load_model, load_training
 from tangram_opt.specs.cluster import Cluster
 from tangram_opt.specs.model import ModelSpec
 from tangram_opt.specs.training import TrainingSpec
@@ -548,11 +550,19 @@ def no_cross_pipeline_sync(plan: Plan, pipelines: Sequence[PipelineResult]) -> f
     return 0.0
 
 
-def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingSpec, *,
-             cost: CostModel | None = None, calibration: Calibration | None = None, moe_load_imbalance: float = 1.0,
-             profiles: Any = None, schedule: str | None = None,
+def simulate(plan: Plan, cluster: Cluster | str | Path | Mapping[str, Any],
+             model: ModelSpec | str | Path | Mapping[str, Any],
+             training: TrainingSpec | str | Path | Mapping[str, Any] | None = None, *, cost: CostModel | None = None,
+             calibration: Calibration | None = None, moe_load_imbalance: float = 1.0, profiles: Any = None,
+             schedule: str | None = None,
              cross_pipeline_sync: CrossPipelineSync | None = None) -> SimulationResult:
     """Replay one training step of ``plan`` on ``cluster`` (see the module docstring).
+
+    ``cluster``, ``model`` and ``training`` take the forms ``solve`` takes (a spec, a built-in name, a
+    file or a dict); ``training=None`` is the plan's own run (its global batch, sequence length and
+    precision). A plan made for other specs (another model, its layers, batch, sequence length or
+    precision, islands the cluster lacks or holds other GPUs on) is refused with a :class:`SpecError`
+    naming every difference (:meth:`Plan.spec_mismatches`).
 
     Stage costs come from ``cost`` (default: ``CostModel(model, training, calibration=...,
     moe_load_imbalance=..., profiles=...)``, what ``solve`` uses with the same options); pass the
@@ -564,6 +574,7 @@ def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingS
     ``cross_pipeline_sync(plan, pipeline_results)`` (default: the all-reduce priced by
     :mod:`tangram_opt.sim.cross_sync`) and then the slowest stage's optimizer update.
     """
+    cluster, model, training = _replay_inputs(plan, cluster, model, training)
     cost = cost or CostModel(model, training, calibration=calibration, moe_load_imbalance=moe_load_imbalance,
                              profiles=profiles)
     islands = island_by_name(cluster)
@@ -594,6 +605,27 @@ def simulate(plan: Plan, cluster: Cluster, model: ModelSpec, training: TrainingS
     events.sort(key=lambda e: (e.start_s, e.pipeline, e.stage, EVENT_KINDS.index(e.kind), e.micro_batch))
     return SimulationResult(step_time_s=step, pipelines=tuple(results), events=tuple(events),
                             cross_pipeline_sync_s=sync, post_sync_time_s=post_sync)
+
+
+def _replay_inputs(plan: Any, cluster: Any, model: Any, training: Any) -> tuple[Cluster, ModelSpec, TrainingSpec]:
+    """``simulate``'s specs, loaded by the loaders ``solve`` uses (this layer does not import the search, so
+    not through its ``planning_inputs``), and checked to be the ones ``plan`` was made for."""
+    if not isinstance(plan, Plan):
+        raise SpecError("plan", type(plan).__name__, "is not a Plan",
+                        "pass a plan from solve(...) or tangram_opt.Plan.load(path)")
+    if not plan.pipelines or not all(p.stages for p in plan.pipelines):
+        raise SpecError("plan.pipelines", len(plan.pipelines), "the plan has a pipeline without a stage, or none",
+                        "pass a plan from solve(...) or tangram_opt.Plan.load(path)")
+    cluster, model = load_cluster(cluster), load_model(model)
+    training = (TrainingSpec(global_batch_size=plan.global_batch_size, seq_len=plan.seq_len, precision=plan.precision)
+                if training is None else load_training(training))
+    diffs = plan.spec_mismatches(cluster=cluster, model=model, training=training)
+    if diffs:
+        raise SpecError("plan", f"{plan.model} on {plan.cluster}", "was made for other specs than it is replayed "
+                        "against:\n" + "\n".join(f"  - {d}" for d in diffs),
+                        "replay it against the cluster, model and training run it was planned for (a plan file "
+                        "holds them: tangram_opt.export.read_plan_file), or re-plan with solve(...)")
+    return cluster, model, training
 
 
 def _rel(sim: float, pred: float) -> float:
