@@ -29,6 +29,9 @@ Measurements file (YAML or JSON; a CSV with the same column names also works)::
         micro_batch_size: 2
         step_time_s: 6.1                # or tokens_per_s (the whole job), or tokens_per_s_per_gpu
 
+``ep`` above 1 needs an MoE model. YAML reads exponent notation as a number only with a dot and a signed
+exponent (``1.0e-3``; ``1e-3`` is a string and is refused).
+
 The fit: for each GPU type, the factor ``s`` in [``MIN_SCALE``, ``MAX_SCALE``] minimizing the
 mean squared log error ``mean(log(predicted / measured)^2)`` over that type's runs (golden-section
 search; the predicted step time falls monotonically with ``s``). Every fitted efficiency must stay
@@ -39,16 +42,18 @@ datasheet allows (another GPU type, another configuration, or a timing error) an
 from __future__ import annotations
 
 import math
+import re
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration
+from tangram_opt import units as u
+from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, calibration_from_dict
 from tangram_opt.errors import FormatError, SpecError, TangramError
 from tangram_opt.specs import _check
-from tangram_opt.specs._io import load_structured_file
+from tangram_opt.specs._io import load_structured_file, read_text
 from tangram_opt.specs.hardware import get_gpu_type
 from tangram_opt.specs.training import TrainingSpec
 
@@ -139,16 +144,57 @@ def load_measurements(path: str | Path) -> list[MeasuredRun]:
     p = Path(path)
     src = str(p)
     if p.suffix.lower() == ".csv":
-        import pandas as pd
-
-        if not p.is_file():
-            raise FormatError("measurements", src, "file not found", "check the path")
-        df = pd.read_csv(p)
-        rows = [{k: _csv_value(v) for k, v in row.items() if not _missing(v)} for row in df.to_dict("records")]
+        rows = [{k: _csv_value(v) for k, v in row.items() if not _missing(v)} for row in _read_csv(p)]
         data: Any = {"format": MEASUREMENTS_FORMAT, "version": MEASUREMENTS_VERSION, "runs": rows}
     else:
         data = load_structured_file(p)
     return measurements_from_dict(data, source=src)
+
+
+def _read_csv(p: Path) -> list[dict[str, Any]]:
+    """The rows of a measurements CSV (header line: the field names); pandas' parse errors become a
+    :class:`FormatError` naming the file and, when pandas gives it, the line."""
+    import io
+
+    import pandas as pd
+
+    _, text = read_text(p, field="measurements")
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except pd.errors.EmptyDataError:
+        raise FormatError("measurements", str(p), "is an empty CSV file (no header line, no runs)",
+                          "write a header line with the field names, then one line per run "
+                          "(see tangram_opt.calibrate)") from None
+    except pd.errors.ParserError as e:
+        msg = str(e).removeprefix("Error tokenizing data. C error: ").strip()
+        where = ""
+        if m := re.search(r"\bline (\d+)", msg):
+            where = f" at line {m[1]}"
+        elif m := re.search(r"\s*starting at row (\d+)", msg):  # pandas counts rows from 0 (the header line)
+            where, msg = f" at line {int(m[1]) + 1}", msg.replace(m[0], "")
+        raise FormatError("measurements", str(p), f"is not valid CSV{where}: {msg}",
+                          "one run per line with as many comma-separated fields as the header; close every "
+                          "double quote") from None
+    return df.to_dict("records")
+
+
+def _number(field: str, value: Any, *, source: str = "") -> float:
+    """A finite number > 0 (``_check.positive_float``); a string that reads as a number gets a fix saying
+    how to write it (PyYAML reads ``1e-9``, without a dot, as a string)."""
+    if isinstance(value, str):
+        try:
+            v = float(value)
+        except ValueError:
+            v = None
+        if v is not None and math.isfinite(v):
+            fix = "write it as a number, without quotes"
+            if "e" in value.lower():
+                mant, _, exp = f"{v:.15e}".partition("e")
+                mant = mant.rstrip("0") + ("0" if mant.rstrip("0").endswith(".") else "")
+                fix += (f"; YAML reads exponent notation as a number only with a dot and a signed exponent: write "
+                        f"{mant}e{int(exp):+d}, not {value.strip()}")
+            raise SpecError(field, value, "must be a number, not a string", fix, source=source)
+    return _check.positive_float(field, value, source=source)
 
 
 def _missing(v: Any) -> bool:
@@ -200,7 +246,7 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
             ints = {k: _check.positive_int(f"{w}.{k}", row.get(k, 1)) for k in
                     ("nodes", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len", "global_batch_size")}
             gpn = _check.positive_int(f"{w}.gpus_per_node", row.get("gpus_per_node", 8))
-            nic = _check.positive_float(f"{w}.nic_gbps", row.get("nic_gbps", 400.0 * gpn))
+            nic = _number(f"{w}.nic_gbps", row.get("nic_gbps", 400.0 * gpn))
             zero = row.get("zero", 0)
             if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
                 raise SpecError(f"{w}.zero", zero, "is not a ZeRO stage", "use 0, 1, 2 or 3")
@@ -214,12 +260,15 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
             candidate = base / model_ref
             model = load_model(str(candidate) if candidate.exists() else model_ref)
             measure = given[0]
-            value = _check.positive_float(f"{w}.{measure}", row[measure])
+            value = _number(f"{w}.{measure}", row[measure])
         except FormatError:
             raise
         except SpecError as e:
             raise FormatError(e.field if e.field.startswith("runs[") else f"{w}.{e.field}", e.value, e.problem,
                               e.fix, source=source) from None
+        if ints["ep"] > 1 and model.moe is None:
+            raise FormatError(f"{w}.ep", ints["ep"], f"is expert parallelism but {model.name} is a dense model "
+                              "(no MoE layers)", "write ep: 1, or leave it out", source=source)
         gpus = ints["nodes"] * gpn
         per = ints["tp"] * ints["pp"] * ints["cp"]
         if gpus % per:
@@ -238,6 +287,30 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
                                pp=ints["pp"], cp=ints["cp"], ep=ints["ep"], zero=zero, recompute=recompute,
                                micro_batch_size=ints["micro_batch_size"], step_time_s=step))
     return out
+
+
+def load_base_calibration(path: str | Path) -> Calibration:
+    """The calibration ``calibrate --base`` starts from. A file that sets nothing (``{}``, or only format and
+    version) is refused: it is the shipped table, the same as no ``--base``, so it is a wrong or truncated file."""
+    data = load_structured_file(path)
+    if isinstance(data, Mapping) and not set(data) - {"format", "version"}:
+        raise FormatError("calibration", str(path), "is empty: it sets no field, so it would change nothing",
+                          "give a calibration file that 'tangram-opt calibrate' wrote, or leave --base out")
+    return calibration_from_dict(data, source=str(path))
+
+
+def check_memory_reserve(cal: Calibration, gpus: Iterable[str], *, source: str = "") -> None:
+    """Refuse a calibration whose memory reserve leaves a GPU type of ``gpus`` no memory: the cost model plans
+    with ``hbm x (1 - memory_reserve_fraction) - memory_reserve_gib`` per GPU."""
+    frac = cal.memory_reserve_fraction
+    for name in sorted(set(gpus)):
+        hbm = get_gpu_type(name).hbm_bytes
+        after_fraction = hbm * (1.0 - frac)
+        if after_fraction - cal.memory_reserve_bytes <= 0:
+            raise SpecError("calibration.memory_reserve_gib", cal.memory_reserve_bytes / u.GiB,
+                            f"is at least the memory of {name} ({hbm / u.GiB:g} GiB, {after_fraction / u.GiB:.2f} GiB "
+                            f"after memory_reserve_fraction {frac:g}): nothing would be left to plan with",
+                            f"reserve less than {after_fraction / u.GiB:.2f} GiB (1-2 GiB is typical)", source=source)
 
 
 # --- predicting ----------------------------------------------------------------------------------------
@@ -287,6 +360,7 @@ def fit_measurements(runs: Sequence[MeasuredRun], base: Calibration | None = Non
                      on_run: Callable[[str], None] | None = None) -> CalibrationFit:
     """Fit one compute factor per GPU type of ``runs`` on top of ``base`` (default: the shipped table)."""
     base = base or DEFAULT_CALIBRATION
+    check_memory_reserve(base, (r.gpu for r in runs))
     memo: dict[tuple[int, float], float | None] = {}
     problems: dict[int, str] = {}
 
@@ -341,4 +415,5 @@ def fit_table(fit: CalibrationFit) -> list[dict[str, Any]]:
 
 
 __all__ = ["MEASUREMENTS_FORMAT", "MeasuredRun", "RunFit", "CalibrationFit", "load_measurements",
-           "measurements_from_dict", "predict_step_s", "fit_measurements", "fit_table", "scaled"]
+           "measurements_from_dict", "load_base_calibration", "check_memory_reserve", "predict_step_s",
+           "fit_measurements", "fit_table", "scaled"]

@@ -12,6 +12,12 @@ from tangram_opt.cli.common import EXIT_OK, ComponentUnavailable, _note, _print
 from tangram_opt.errors import FormatError, SpecError
 
 
+#: Python argument of synthetic_expert_loads / place_experts -> the flag that sets it
+_FLAGS = {"kind": "--profile", "experts": "--experts", "skew": "--skew", "tokens": "--tokens", "layers": "--layers",
+          "seed": "--profile-seed", "ranks": "--ranks", "nodes": "--nodes", "slots": "--slots",
+          "time_limit_s": "--time-limit", "backend": "--backend", "method": "--method"}
+
+
 def _read_loads(path: str) -> Any:
     p = Path(path)
     if not p.is_file():
@@ -38,15 +44,20 @@ def cmd_experts(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ComponentUnavailable(f"expert placement is not available in this installation "
                                    f"(tangram_opt.experts: {e})") from None
-    if args.loads:
-        loads = _read_loads(args.loads)
-        src = args.loads
-    else:
-        loads = synthetic_expert_loads(args.profile, experts=args.experts, skew=args.skew, tokens=args.tokens,
-                                       seed=args.profile_seed, layers=args.layers)
-        src = f"{args.profile} profile (skew {args.skew}, seed {args.profile_seed})"
-    res = place_experts(loads, args.ranks, args.nodes, args.slots, method=args.method,
-                        backend=args.backend or DEFAULT_PLACEMENT_BACKEND, time_limit_s=args.time_limit)
+    try:
+        if args.loads:
+            loads = _read_loads(args.loads)
+            src = args.loads
+        else:
+            loads = synthetic_expert_loads(args.profile, experts=args.experts, skew=args.skew, tokens=args.tokens,
+                                           seed=args.profile_seed, layers=args.layers)
+            src = f"{args.profile} profile (skew {args.skew}, seed {args.profile_seed})"
+        res = place_experts(loads, args.ranks, args.nodes, args.slots, method=args.method,
+                            backend=args.backend or DEFAULT_PLACEMENT_BACKEND, time_limit_s=args.time_limit)
+    except SpecError as e:  # name the command-line flag, not the Python argument
+        if e.field in _FLAGS:
+            raise type(e)(_FLAGS[e.field], e.value, e.problem, e.fix, source=e.source) from None
+        raise
     placements = res if isinstance(res, list) else [res]
     head = (f"expert placement ({args.method}): {src}; {args.ranks} ranks on {args.nodes} node(s), "
             f"{args.slots} slots per rank")

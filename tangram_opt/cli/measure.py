@@ -145,11 +145,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from rich import box
     from rich.table import Table
 
-    from tangram_opt.calibrate import fit_measurements, load_measurements
-    from tangram_opt.cost import load_calibration, save_calibration
+    from tangram_opt.calibrate import check_memory_reserve, fit_measurements, load_base_calibration, load_measurements
+    from tangram_opt.cost import save_calibration
 
     runs = load_measurements(args.measurements)
-    base = load_calibration(args.base) if args.base else None
+    base = load_base_calibration(args.base) if args.base else None
+    if base is not None:
+        check_memory_reserve(base, (r.gpu for r in runs), source=args.base)
     out = Path(args.output)
     if out.parent and not out.parent.exists():
         raise SpecError("--output", args.output, "is in a directory that does not exist", "create it first")

@@ -14,13 +14,14 @@ The returned placement is never worse (in the weighted objective) than the greed
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tangram_opt.errors import InfeasibleError, SpecError
+from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
 from tangram_opt.experts.bounds import best_lower_bound
 from tangram_opt.experts.cases import case_starts
 from tangram_opt.experts.differencing import differencing_placement
@@ -36,8 +37,11 @@ from tangram_opt.solvers import SolveOptions, SolveStatus, get_backend
 METHODS = ("mip", "greedy")
 DEFAULT_PLACEMENT_BACKEND = "highs"
 DEFAULT_REL_GAP = 1e-3
-#: share of time_limit_s kept back from the MIP backend for building its model and polishing its answer
+#: share of time_limit_s kept back from the heuristics and the MIP backend for polishing the answer and
+#: building the result
 POST_SOLVE_MARGIN = 0.1
+#: seconds the MIP gets even past the time limit when no heuristic found a placement (it is the only way to one)
+MIN_MIP_S = 0.5
 
 
 def _max_load(served: Sequence[dict[int, float]]) -> float:
@@ -54,13 +58,20 @@ def _objective(p: PlacementProblem, served: Sequence[dict[int, float]], alpha: f
     return out
 
 
-def _polish(p: PlacementProblem, served: Sequence[dict[int, float]], alpha: float, beta: float
+def _polish(p: PlacementProblem, served: Sequence[dict[int, float]], alpha: float, beta: float, deadline: float
             ) -> list[dict[int, float]]:
     """Lexicographically best shares (max load, then cross-node tokens) for the same replicas, kept unless
-    the weighted objective gets worse (LP tolerances can make it a hair worse than exact arithmetic)."""
+    the weighted objective gets worse (LP tolerances can make it a hair worse than exact arithmetic).
+    The shares are kept as they are when the split LP is not solved before ``deadline`` (``perf_counter``)."""
     served = _conserve(p, served)
     holders = [list(d) for d in served]
-    _, best = optimal_split(p, holders, locality=True)
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return served
+    try:
+        _, best = optimal_split(p, holders, locality=True, time_limit_s=left)
+    except NoSolutionError:  # out of time: the shares in hand are valid
+        return served
     if _objective(p, best, alpha, beta) <= _objective(p, served, alpha, beta) * (1 + 1e-12):
         return best
     return served
@@ -97,12 +108,29 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     """Place one layer (see :func:`place_experts` for the arguments).
 
     ``heuristics=False`` skips the greedy warm start, local search and the early stop on the
-    combinatorial bound: the MIP runs cold (used to test the formulation on every backend)."""
+    combinatorial bound: the MIP runs cold (used to test the formulation on every backend).
+
+    Time: every step checks the deadline ``time_limit_s`` after the start and stops with what it has (the
+    bounds keep what they proved, the searches their best placement, the split LP and the MIP are skipped or
+    cut short). Two parts always run to completion, so very large instances can exceed a tiny limit by
+    their cost: the first greedy placement (the fallback answer, ``O(E log E + P log R)``), the cheap bounds
+    (``mean``, ``replica-count``, ``top-j``, ``pigeonhole``: ``O(E log E + P log E)``), and the LP backend's
+    own model check after a solve. When no heuristic found a placement (``heuristics=False``, or memory
+    limits the greedy could not meet), the MIP gets at least ``MIN_MIP_S`` seconds: it is the only way to
+    an answer."""
+    _check_options(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed,
+                   cross_node_weight=cross_node_weight, move_weight=move_weight)
     t0 = time.perf_counter()
+    # the searches, bounds and LPs stop at ``deadline``; what is left is for the MIP's answer and the result
+    deadline = t0 + (1 - POST_SOLVE_MARGIN) * time_limit_s
+
+    def time_left() -> float:
+        return deadline - time.perf_counter()
+
     alpha, beta = float(cross_node_weight), float(move_weight)
     if method == "greedy":
         holders, served = greedy_placement(p, num_groups=num_groups)
-        lb = best_lower_bound(p, upper=max(sum(d.values()) for d in served))
+        lb = best_lower_bound(p, upper=max(sum(d.values()) for d in served), deadline=deadline)
         cert = _certificate(p, served, status="heuristic", alpha=alpha, beta=beta, bound_obj=lb.value,
                             load_bound=lb.value, bound_source=lb.source, solve_time_s=time.perf_counter() - t0,
                             note="EPLB-style hierarchical greedy; bound from combinatorial arguments")
@@ -114,14 +142,14 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
             starts.append(greedy_placement(p, num_groups=num_groups)[1])
         except InfeasibleError:
             pass
-        if p.nodes > 1:  # EPLB's global policy (all ranks as one node) is a second start
+        if p.nodes > 1 and time_left() > 0:  # EPLB's global policy (all ranks as one node) is a second start
             try:
                 flat = make_problem(p.loads, p.ranks, 1, p.slots_per_rank, max_redundant=p.max_redundant,
                                     expert_bytes=p.expert_bytes, rank_memory_bytes=p.rank_memory_bytes)
                 starts.append(greedy_placement(flat)[1])
             except InfeasibleError:
                 pass
-        diff = differencing_placement(p)  # every rank at exactly S items: strong when slots are full
+        diff = differencing_placement(p) if time_left() > 0 else None  # every rank at exactly S items
         if diff is not None:
             starts.append(diff)
     ls_budget = min(0.25 * time_limit_s, 2.0) if local_search_s is None else local_search_s
@@ -129,46 +157,62 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     # the bound first (cheap): the searches stop once the hottest rank is within rel_gap of it
     upper = min((_max_load(s) for s in starts), default=None)
     target = None
+    first_lb = None
     if starts and alpha == 0 and beta == 0:
-        target = best_lower_bound(p, upper=upper).value * (1 + 0.5 * rel_gap)
+        # at most half of the time left: the searches need the rest
+        first_lb = best_lower_bound(p, upper=upper, deadline=time.perf_counter() + 0.5 * max(0.0, time_left()))
+        target = first_lb.value * (1 + 0.5 * rel_gap)
+    ls_end = min(t_ls + ls_budget, deadline)
     candidates = list(starts)
     for s in starts:
-        candidates.append(local_search(p, s, time_limit_s=ls_budget / (len(starts) + 1), target=target))
+        share = max(0.0, min(ls_budget, ls_end - time.perf_counter())) / (len(starts) + 1)
+        candidates.append(local_search(p, s, time_limit_s=share, target=target))
     best: list[dict[int, float]] | None = None
     if candidates:
         best = min(candidates, key=lambda s: _objective(p, s, alpha, beta))
         if target is None or _max_load(best) > target:
-            left = max(0.0, ls_budget - (time.perf_counter() - t_ls))
+            left = max(0.0, ls_end - time.perf_counter())
             kicked = iterated_local_search(p, best, time_limit_s=left, target=target, seed=seed)
             if _objective(p, kicked, alpha, beta) < _objective(p, best, alpha, beta):
                 best = kicked
-        best = _polish(p, best, alpha, beta)
-    lb = best_lower_bound(p, upper=_max_load(best) if best is not None else None)
+        best = _polish(p, best, alpha, beta, deadline)
+    if first_lb is not None and time_left() <= 0:
+        lb = first_lb  # the same bounds again, cut shorter
+    else:
+        lb = best_lower_bound(p, upper=_max_load(best) if best is not None else None, deadline=deadline)
+        if first_lb is not None and first_lb.value > lb.value:  # both are valid; the first may have had more time
+            lb = first_lb
     bound_obj, load_bound, source = lb.value, lb.value, lb.source
     status, used_backend, note = "feasible", "", ""
     inc = _objective(p, best, alpha, beta) if best is not None else math.inf
-    if best is not None and heuristics and alpha == 0 and beta == 0 and inc - bound_obj > rel_gap * inc:
+    if (best is not None and heuristics and alpha == 0 and beta == 0 and inc - bound_obj > rel_gap * inc
+            and time_left() > 0):
         # few free replicas: the counts of the replica cases not refuted near the bound are other starts
-        alt = case_starts(p, lb.value, inc, time_limit_s=min(ls_budget, 0.2 * time_limit_s),
+        alt = case_starts(p, lb.value, inc, time_limit_s=min(ls_budget, 0.2 * time_limit_s, time_left()),
                           target=lb.value * (1 + 0.5 * rel_gap))
         if alt is not None:
-            alt = _polish(p, alt, alpha, beta)
+            alt = _polish(p, alt, alpha, beta, deadline)
             if _objective(p, alt, alpha, beta) < inc:
                 best, inc = alt, _objective(p, alt, alpha, beta)
+    # the solver gets what is left of the limit, less a margin for polishing its answer, so that the whole
+    # call stays within time_limit_s
+    remaining = (1 - POST_SOLVE_MARGIN) * time_limit_s - (time.perf_counter() - t0)
+    if best is None:
+        remaining = max(MIN_MIP_S, remaining)  # nothing to return without the MIP
     if best is not None and heuristics and inc - bound_obj <= rel_gap * inc:
         status, note = "optimal", "incumbent meets the combinatorial bound; no MIP needed"
+    elif remaining <= 0:
+        note = f"time limit ({time_limit_s:g} s) reached before the MIP; the gap is from the combinatorial bounds"
     else:
-        # the solver gets what is left of the limit, less a margin for building the model and
-        # polishing its answer, so that the whole call stays within time_limit_s
-        remaining = max(0.5, (1 - POST_SOLVE_MARGIN) * time_limit_s - (time.perf_counter() - t0))
         be = get_backend(backend)
         opts = SolveOptions(time_limit_s=remaining, threads=threads, seed=seed, rel_gap=rel_gap)
         out = build_and_solve(p, backend=be.name, options=opts, incumbent_objective=inc,
                               lower_bound=lb.value, hint_holders=[list(d) for d in best] if best else None,
-                              hint_served=best, cross_node_weight=alpha, move_weight=beta)
+                              hint_served=best, cross_node_weight=alpha, move_weight=beta,
+                              deadline=time.perf_counter() + remaining)
         used_backend = be.name
         if out.served is not None:
-            cand = _polish(p, out.served, alpha, beta)
+            cand = _polish(p, out.served, alpha, beta, t0 + time_limit_s)
             if best is None or _objective(p, cand, alpha, beta) < inc:
                 best, inc = cand, _objective(p, cand, alpha, beta)
         if out.bound is not None:
@@ -192,7 +236,41 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     return build_placement(p, best, method="mip", certificate=cert)
 
 
+def _check_real(field: str, values: Any) -> None:
+    """Refuse strings and booleans anywhere in (nested) lists of loads: numpy would coerce them silently."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iuf":
+            raise SpecError(field, f"array of {values.dtype}", "must hold numbers", "pass tokens per expert as numbers")
+        return
+    for i, v in enumerate(values):
+        if isinstance(v, (list, tuple, np.ndarray)):
+            _check_real(f"{field}[{i}]", v)
+        elif isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}",
+                            "write the number without quotes" if isinstance(v, str) else "give tokens per expert")
+
+
+def _check_options(*, time_limit_s: Any, rel_gap: Any, threads: Any, seed: Any, cross_node_weight: Any,
+                   move_weight: Any) -> None:
+    """The solver knobs of :func:`place_experts` and :func:`solve_layer`, each named in the error."""
+    for name, v in (("cross_node_weight", cross_node_weight), ("move_weight", move_weight),
+                    ("time_limit_s", time_limit_s), ("rel_gap", rel_gap)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+            raise SpecError(name, v, "must be a finite number >= 0", "use 0 to switch the term off")
+    if time_limit_s <= 0:
+        raise SpecError("time_limit_s", time_limit_s, "must be > 0", "give the solver some seconds, e.g. 10")
+    if rel_gap >= 1:
+        raise SpecError("rel_gap", rel_gap, "must be a relative gap in [0, 1)",
+                        f"use e.g. {DEFAULT_REL_GAP:g} (0.1%); 0 asks for a proof of optimality")
+    for name, v, lo, fix in (("threads", threads, 1, "use 1 or more solver threads"),
+                             ("seed", seed, 0, "use 0 or another non-negative integer")):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+            raise SpecError(name, v, f"must be an integer >= {lo}", fix)
+
+
 def _as_layers(loads: Any) -> tuple[np.ndarray, bool]:
+    if isinstance(loads, (list, tuple, np.ndarray)):
+        _check_real("loads", loads)
     try:
         arr = np.asarray(loads, dtype=float)
     except (TypeError, ValueError):
@@ -230,15 +308,14 @@ def place_experts(loads: Any, ranks: int, nodes: int, slots: int | Sequence[int]
     """
     if method not in METHODS:
         raise SpecError("method", method, "is not a placement method", f"use one of {', '.join(METHODS)}")
-    for name, v in (("cross_node_weight", cross_node_weight), ("move_weight", move_weight),
-                    ("time_limit_s", time_limit_s), ("rel_gap", rel_gap)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise SpecError(name, v, "must be a finite number >= 0", "use 0 to switch the term off")
-    if time_limit_s <= 0:
-        raise SpecError("time_limit_s", time_limit_s, "must be > 0", "give the solver some seconds, e.g. 10")
+    _check_options(time_limit_s=time_limit_s, rel_gap=rel_gap, threads=threads, seed=seed,
+                   cross_node_weight=cross_node_weight, move_weight=move_weight)
     if method == "mip":
         get_backend(backend)  # unknown / missing backends fail before any work
     rows, many = _as_layers(loads)
+    if current is not None and (isinstance(current, (str, bytes)) or not isinstance(current, (Sequence, np.ndarray))):
+        raise SpecError("current", current, "must list the expert ids held by each rank",
+                        "pass e.g. [[0, 1], [2, 3]], one such list per layer for 2-D loads")
     if many and current is not None and len(current) != len(rows):
         raise SpecError("current", f"{len(current)} layers", f"needs one placement per layer ({len(rows)})",
                         "pass a list of per-rank expert lists for each layer")

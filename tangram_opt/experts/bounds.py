@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import accumulate
 
-from tangram_opt.experts.cases import case_bound
+from tangram_opt.experts.cases import CASE_TIME_S, case_bound
 from tangram_opt.experts.problem import PlacementProblem
 
 
@@ -123,13 +124,16 @@ def pigeonhole_fill_bound(p: PlacementProblem) -> float:
     return best
 
 
-def spread_fill_bound(p: PlacementProblem) -> float:
+def spread_fill_bound(p: PlacementProblem, *, deadline: float = math.inf) -> float:
     """``spread-fill`` (module docstring): ``max_t min_q`` of the average over ``q`` ranks (and, without
-    replication, the pigeonhole inside them)."""
+    replication, the pigeonhole inside them). Each ``t`` gives a valid bound, so at ``deadline`` (a
+    ``time.perf_counter`` value) the maximum over the ``t`` examined so far is returned."""
     s = _Sorted(p)
     best = 0.0
     slack = s.sigma + s.K
     for t in range(1, s.E + 1):
+        if t % 64 == 0 and time.perf_counter() > deadline:
+            break
         q_lo = max(1, -(-t // s.smax))
         q_hi = min(s.Rp, t + s.K)
         low = math.inf
@@ -215,16 +219,20 @@ def crowding_infeasible(p: PlacementProblem, T: float) -> bool:
     return False
 
 
-def crowding_bound(p: PlacementProblem, lo: float, hi: float, *, iterations: int = 40) -> float:
+def crowding_bound(p: PlacementProblem, lo: float, hi: float, *, iterations: int = 40,
+                   deadline: float = math.inf) -> float:
     """The largest target in ``[lo, hi]`` that :func:`crowding_infeasible` refutes (``lo`` if none).
 
     Valid without monotonicity of the test: the returned ``T`` was refuted, and the true problem is
-    monotone (a placement within ``T`` is within every ``T' > T``), so the optimum exceeds it."""
+    monotone (a placement within ``T`` is within every ``T' > T``), so the optimum exceeds it. The
+    bisection stops at ``deadline`` (a ``time.perf_counter`` value; one test is ``O(E log E)``)."""
     best = lo
-    if hi <= lo or not crowding_infeasible(p, lo):
+    if hi <= lo or time.perf_counter() > deadline or not crowding_infeasible(p, lo):
         return lo
     a, b = lo, hi
     for _ in range(iterations):
+        if time.perf_counter() > deadline:
+            break
         mid = (a + b) / 2
         if crowding_infeasible(p, mid):
             best, a = mid, mid
@@ -235,8 +243,13 @@ def crowding_bound(p: PlacementProblem, lo: float, hi: float, *, iterations: int
     return best
 
 
-def lower_bounds(p: PlacementProblem, *, upper: float | None = None) -> list[LoadBound]:
-    """All combinatorial bounds (each valid on its own)."""
+def lower_bounds(p: PlacementProblem, *, upper: float | None = None, deadline: float = math.inf
+                 ) -> list[LoadBound]:
+    """All combinatorial bounds (each valid on its own).
+
+    ``deadline`` (a ``time.perf_counter`` value) cuts the iterative ones short (``spread-fill``,
+    ``crowding``, ``replica-case``: each returns the best value proven so far); ``mean``, ``replica-count``,
+    ``top-j`` and ``pigeonhole`` always run, in ``O(E log E + P log E)``."""
     ranks_with_slots = sum(1 for s in p.slots_per_rank if s > 0)
     out = [LoadBound(p.total_load / ranks_with_slots, "mean"), LoadBound(replica_count_bound(p), "replica-count")]
     w = sorted(p.loads, reverse=True)
@@ -247,15 +260,19 @@ def lower_bounds(p: PlacementProblem, *, upper: float | None = None) -> list[Loa
         best = max(best, acc / min(p.ranks, j + K))
     out.append(LoadBound(best, "top-j"))
     out.append(LoadBound(pigeonhole_fill_bound(p), "pigeonhole"))
-    out.append(LoadBound(spread_fill_bound(p), "spread-fill"))
+    out.append(LoadBound(spread_fill_bound(p, deadline=deadline), "spread-fill"))
     base = max(b.value for b in out)
     hi = upper if upper is not None else p.total_load  # no placement has a rank above W
-    out.append(LoadBound(crowding_bound(p, base, hi), "crowding"))
+    out.append(LoadBound(crowding_bound(p, base, hi, deadline=deadline), "crowding"))
     base = max(b.value for b in out)
-    out.append(LoadBound(case_bound(p, base, hi), "replica-case"))
+    left = deadline - time.perf_counter()
+    if left > 0:
+        out.append(LoadBound(case_bound(p, base, hi, time_limit_s=min(CASE_TIME_S, left)), "replica-case"))
     return out
 
 
-def best_lower_bound(p: PlacementProblem, *, upper: float | None = None) -> LoadBound:
-    """The strongest combinatorial bound; ``upper`` (a known feasible max load) limits the search range."""
-    return max(lower_bounds(p, upper=upper), key=lambda b: b.value)
+def best_lower_bound(p: PlacementProblem, *, upper: float | None = None, deadline: float = math.inf
+                     ) -> LoadBound:
+    """The strongest combinatorial bound; ``upper`` (a known feasible max load) limits the search range,
+    ``deadline`` (a ``time.perf_counter`` value) the time (see :func:`lower_bounds`)."""
+    return max(lower_bounds(p, upper=upper, deadline=deadline), key=lambda b: b.value)

@@ -27,6 +27,7 @@ The exact shares for the final replica set then come from the split LP (:mod:`.s
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from bisect import bisect_left
@@ -50,7 +51,8 @@ def local_search(p: PlacementProblem, served: Sequence[dict[int, float]], *, tim
         for i, A in enumerate(order[:-1]):
             if i and (time.perf_counter() > t_end or (target is not None and st.load[order[0]] <= target)):
                 break
-            move = st.best_move(A, allow_replicate=(i == 0)) or st.best_exchange(A)
+            move = (st.best_move(A, allow_replicate=(i == 0), deadline=t_end)
+                    or st.best_exchange(A, deadline=t_end))
             if move is not None:
                 break
         if move is None:
@@ -132,14 +134,17 @@ class _State:
     def _fits(self, r: int, extra_bytes: float) -> bool:
         return self.mem[r] + extra_bytes <= self.p.memory_of(r) * (1 + 1e-12)
 
-    def best_move(self, A: int, *, allow_replicate: bool) -> tuple | None:
-        """The best shift, move, replicate or swap from ``A`` to a cooler rank (or ``None``)."""
+    def best_move(self, A: int, *, allow_replicate: bool, deadline: float = math.inf) -> tuple | None:
+        """The best shift, move, replicate or swap from ``A`` to a cooler rank (or ``None``); at ``deadline``
+        (a ``time.perf_counter`` value) the best one found so far (one rank ``B`` costs ``O(S_A S_B)``)."""
         p, s, load = self.p, self.s, self.load
         LA = load[A]
         best_val, best = LA - self.tol, None
         for B in range(p.ranks):
             if B == A:
                 continue
+            if time.perf_counter() > deadline:
+                break
             LB = load[B]
             if LB >= LA - self.tol:
                 continue
@@ -173,11 +178,14 @@ class _State:
                         best_val, best = val, ("swap", A, B, (e,), (g,))
         return best
 
-    def best_exchange(self, A: int) -> tuple | None:
+    def best_exchange(self, A: int, *, deadline: float = math.inf) -> tuple | None:
         """The exchange (``give`` from ``A``, ``take`` from ``B``; sizes 2-2, 2-1 or 1-2) that lowers
         ``max(L_A, L_B)`` the most, or ``None``. For each set on ``B`` the sets on ``A`` whose sum is closest
-        to ``sum + (L_A - L_B) / 2`` are found by bisection in the sorted sums."""
+        to ``sum + (L_A - L_B) / 2`` are found by bisection in the sorted sums. At ``deadline`` (a
+        ``time.perf_counter`` value) the best exchange found so far."""
         p, s, load = self.p, self.s, self.load
+        if time.perf_counter() > deadline:
+            return None
         LA = load[A]
         sets_A = {a: sorted((sum(s[A][e] for e in c), c) for c in itertools.combinations(s[A], a)) for a in (1, 2)}
         keys_A = {a: [v for v, _ in lst] for a, lst in sets_A.items()}
@@ -190,6 +198,8 @@ class _State:
             sB = s[B]
             for b in (1, 2):
                 for take in itertools.combinations(sB, b):
+                    if time.perf_counter() > deadline:
+                        return best
                     if any(g in s[A] for g in take):
                         continue
                     vt = sum(sB[g] for g in take)

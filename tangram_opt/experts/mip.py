@@ -36,12 +36,14 @@ an integral max-flow exists at capacity ``ceil(T*)``, so the integer optimum is 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tangram_opt.errors import SpecError
 from tangram_opt.experts.problem import PlacementProblem
-from tangram_opt.solvers import LinearModel, LinExpr, SolveOptions, SolveResult, get_backend, lsum, solve_model
+from tangram_opt.solvers import (LinearModel, LinExpr, SolveOptions, SolveResult, SolveStatus, get_backend, lsum,
+                                 solve_model)
 from tangram_opt.solvers.model import Var
 
 CP_SAT_OBJECTIVE_SCALE = 1000  # CP-SAT objective = 1000 T + round(1000 alpha) X + round(1000 beta) M
@@ -71,8 +73,20 @@ def symmetric_classes(p: PlacementProblem, *, across_nodes: bool) -> list[list[i
 def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions, incumbent_objective: float,
                     lower_bound: float, hint_holders: Sequence[Sequence[int]] | None,
                     hint_served: Sequence[dict[int, float]] | None, cross_node_weight: float,
-                    move_weight: float) -> MipOutcome:
+                    move_weight: float, deadline: float = math.inf) -> MipOutcome:
+    """Build the model and solve it. ``deadline`` (a ``time.perf_counter`` value) bounds building and solving:
+    the build is checked once per expert (``O(E R)`` columns in all) and gives up with ``NO_SOLUTION`` when
+    the deadline passes; the solver gets ``options.time_limit_s`` or the time left, whichever is less."""
     integral = get_backend(backend).needs_integral_model
+
+    def out_of_time() -> MipOutcome | None:
+        if time.perf_counter() <= deadline:
+            return None
+        return MipOutcome(result=SolveResult(status=SolveStatus.NO_SOLUTION, backend=backend,
+                                             message=f"time limit reached while building the model ({E} experts x "
+                                                     f"{R} ranks)"),
+                          holders=None, served=None, bound=None)
+
     E, R = p.experts, p.ranks
     w = [float(x) for x in p.loads]
     if integral and any(not x.is_integer() for x in w):
@@ -98,6 +112,8 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
     x: dict[tuple[int, int], Var] = {}
     f: dict[tuple[int, int], Var] = {}
     for e in range(E):
+        if (late := out_of_time()) is not None:
+            return late
         cap = min(w[e], U_int)
         for r in range(R):
             if p.fits(e, r):
@@ -111,6 +127,8 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
     by_e: list[list[int]] = [[r for r in range(R) if (e, r) in x] for e in range(E)]
     by_r: list[list[int]] = [[e for e in range(E) if (e, r) in x] for r in range(R)]
     for e in range(E):
+        if (late := out_of_time()) is not None:
+            return late
         if whole:
             m.add(lsum(x[e, r] for r in by_e[e]) == 1, f"assign[{e}]")
             continue
@@ -132,6 +150,8 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
     # replica counts: y[e,k] = e has >= k replicas; T >= w/c as a convex piecewise-linear function
     y: dict[tuple[int, int], Var] = {}
     for e in range(E) if not whole else ():
+        if (late := out_of_time()) is not None:
+            return late
         cmin = max(1, math.ceil(w[e] / U - 1e-9)) if U > 0 else 1
         kmax = min(len(by_e[e]), p.max_replicas - E + 1,
                    math.ceil(w[e] / lower_bound - 1e-9) if lower_bound > 0 else 1)
@@ -169,6 +189,8 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
     if use_cross:
         frac = p.ranks_per_node / R
         for e in range(E):
+            if (late := out_of_time()) is not None:
+                return late
             for n in range(p.nodes):
                 rs = [r for r in by_e[e] if p.node_of(r) == n]
                 if not rs:
@@ -187,7 +209,10 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
     m.minimize(objective)
     if hint_holders is not None and hint_served is not None:
         m.set_hint(_hint(p, m, x, f, y, z, T, hint_holders, hint_served, integral, use_cross, lower_bound))
-    res = solve_model(m, backend, options)
+    if (late := out_of_time()) is not None:
+        return late
+    res = solve_model(m, backend, replace(options, time_limit_s=min(options.time_limit_s,
+                                                                    deadline - time.perf_counter())))
     bound = None
     if res.bound is not None and math.isfinite(res.bound):
         bound = (res.bound + offset) / scale

@@ -19,9 +19,12 @@ Everything a user can get wrong raises :class:`~tangram_opt.errors.SpecError` na
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from tangram_opt.errors import InfeasibleError, SpecError
 
@@ -41,6 +44,11 @@ class PlacementProblem:
     rank_memory_bytes: tuple[float, ...] | None = None
     current: tuple[tuple[int, ...], ...] | None = None
     """Experts held by each rank before re-placement (for the moved-experts count)."""
+    open_ranks: int = field(init=False, repr=False, compare=False)
+    """Ranks with at least one slot (derived; makes :meth:`max_copies` O(1) without memory limits)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "open_ranks", sum(1 for s in self.slots_per_rank if s > 0))
 
     @property
     def experts(self) -> int:
@@ -83,6 +91,8 @@ class PlacementProblem:
 
     def max_copies(self, e: int) -> int:
         """Upper bound on the replicas of ``e``: one per rank it fits on, and the replica budget."""
+        if self.expert_bytes is None or self.rank_memory_bytes is None:
+            return min(self.open_ranks, 1 + self.max_redundant)
         return min(sum(1 for r in range(self.ranks) if self.fits(e, r)), 1 + self.max_redundant)
 
     def with_loads(self, loads: Sequence[float]) -> PlacementProblem:
@@ -102,10 +112,18 @@ def _int(field: str, value: Any, *, lowest: int) -> int:
 
 
 def _numbers(field: str, values: Any, n: int | None, *, positive: bool = False) -> tuple[float, ...]:
+    """Numbers as floats; strings and booleans are refused, not coerced (``"1"`` is a typo in a loads file)."""
+    if isinstance(values, (str, bytes)):
+        raise SpecError(field, values, "must be a sequence of numbers, not a string", "pass a list or 1-D array")
     try:
-        out = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
+        items = list(values)
+    except TypeError:
         raise SpecError(field, values, "must be a sequence of numbers", "pass a list or 1-D array") from None
+    for i, v in enumerate(items):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}",
+                            "write the number without quotes" if isinstance(v, str) else "give a number per entry")
+    out = tuple(float(v) for v in items)
     if n is not None and len(out) != n:
         raise SpecError(field, f"{len(out)} values", f"needs exactly {n} values", f"give one value per item ({n})")
     for i, v in enumerate(out):
@@ -153,28 +171,47 @@ def make_problem(loads: Sequence[float], ranks: int, nodes: int, slots: int | Se
             mem = _numbers("rank_memory_bytes", [rank_memory_bytes], 1) * R
         else:
             mem = _numbers("rank_memory_bytes", rank_memory_bytes, R)
-    cur = None
-    if current is not None:
-        try:
-            cur = tuple(tuple(int(e) for e in row if int(e) >= 0) for row in current)
-        except (TypeError, ValueError):
-            raise SpecError("current", current, "must list the expert ids held by each rank",
-                            "pass e.g. [[0, 1], [2, 3]] (use -1 for an empty slot)") from None
-        if len(cur) != R:
-            raise SpecError("current", f"{len(cur)} ranks", f"needs one row per rank ({R})", "one list per rank")
-        for r, row in enumerate(cur):
-            bad = [e for e in row if e >= E]
-            if bad:
-                raise SpecError(f"current[{r}]", list(row), f"names expert {bad[0]} but there are only {E}",
-                                "use expert ids 0..E-1")
+    cur = None if current is None else _current(current, E, S)
     p = PlacementProblem(loads=w, ranks=R, nodes=N, slots_per_rank=S, max_redundant=K, expert_bytes=eb,
                          rank_memory_bytes=mem, current=cur)
     _check_feasible(p)
     return p
 
 
+def _current(current: Any, E: int, S: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The expert ids each rank holds now (``-1`` entries are empty slots and dropped), checked against the
+    expert count and each rank's slots."""
+    R = len(S)
+    fix = "pass e.g. [[0, 1], [2, 3]] (use -1 for an empty slot)"
+    if isinstance(current, (str, bytes)) or not isinstance(current, (Sequence, np.ndarray)):
+        raise SpecError("current", current, "must list the expert ids held by each rank", fix)
+    if len(current) != R:
+        raise SpecError("current", f"{len(current)} ranks", f"needs one row per rank ({R})", "one list per rank")
+    out = []
+    for r, row in enumerate(current):
+        if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
+            raise SpecError(f"current[{r}]", row, f"must list the expert ids held by rank {r}", fix)
+        ids = []
+        for e in row:
+            if isinstance(e, (bool, np.bool_)) or not isinstance(e, numbers.Integral):
+                raise SpecError(f"current[{r}]", list(row), f"holds {e!r}, not an expert id", fix)
+            if not -1 <= e < E:
+                problem = f"names expert {e} but there are only {E}" if e >= E else f"holds {e}, not an expert id"
+                raise SpecError(f"current[{r}]", list(row), problem,
+                                f"use expert ids 0..{E - 1}, or -1 for an empty slot")
+            if e >= 0:
+                ids.append(int(e))
+        if len(ids) > S[r]:
+            raise SpecError(f"current[{r}]", ids, f"lists {len(ids)} experts but rank {r} has {S[r]} slots",
+                            "give the placement the ranks hold now, at most slots experts per rank")
+        out.append(tuple(ids))
+    return tuple(out)
+
+
 def _check_feasible(p: PlacementProblem) -> None:
     """Necessary conditions for any placement; each failure is diagnosed for the user."""
+    if p.expert_bytes is None:
+        return  # slots x ranks >= experts was checked: every expert fits on some rank
     for e in range(p.experts):
         if not any(p.fits(e, r) for r in range(p.ranks)):
             raise InfeasibleError(
