@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram_opt import units as u
-from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, calibration_from_dict
+from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
 from tangram_opt.errors import FormatError, SpecError, TangramError
 from tangram_opt.specs import _check
 from tangram_opt.specs._io import load_structured_file, read_text
@@ -292,11 +292,7 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
 def load_base_calibration(path: str | Path) -> Calibration:
     """The calibration ``calibrate --base`` starts from. A file that sets nothing (``{}``, or only format and
     version) is refused: it is the shipped table, the same as no ``--base``, so it is a wrong or truncated file."""
-    data = load_structured_file(path)
-    if isinstance(data, Mapping) and not set(data) - {"format", "version"}:
-        raise FormatError("calibration", str(path), "is empty: it sets no field, so it would change nothing",
-                          "give a calibration file that 'tangram-opt calibrate' wrote, or leave --base out")
-    return calibration_from_dict(data, source=str(path))
+    return load_calibration(path)
 
 
 def check_memory_reserve(cal: Calibration, gpus: Iterable[str], *, source: str = "") -> None:

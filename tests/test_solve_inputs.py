@@ -6,6 +6,7 @@ profile of another run is refused, and a knob no search can honour is an error n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -175,3 +176,15 @@ def test_expert_loads_that_are_not_the_models_are_refused(model, loads, problem)
     with pytest.raises(SpecError) as err:
         solve(_cluster(), model, TRAINING, expert_loads=loads, time_limit_s=1)
     assert err.value.field == "expert_loads" and problem in str(err.value)
+
+
+def test_a_calibration_that_reserves_all_memory_or_sets_nothing_is_refused(tmp_path):
+    # the cost model plans with HBM x (1 - fraction) - reserve per GPU: 100 GiB of an A100-80 leaves nothing
+    greedy = dataclasses.replace(DEFAULT_CALIBRATION, memory_reserve_bytes=100 * 2 ** 30)
+    with pytest.raises(SpecError) as err:
+        solve(_cluster(), MODEL, TRAINING, calibration=greedy, time_limit_s=1)
+    assert err.value.field == "calibration.memory_reserve_gib" and "A100-80" in str(err.value)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="sets no field"):
+        solve(_cluster(), MODEL, TRAINING, calibration=empty, time_limit_s=1)

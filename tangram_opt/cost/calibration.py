@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from tangram_opt import units as u
-from tangram_opt.errors import SpecError
+from tangram_opt.errors import FormatError, SpecError
 from tangram_opt.specs import _check
 from tangram_opt.specs._io import load_structured_file
 from tangram_opt.specs.hardware import get_gpu_type
@@ -274,8 +274,14 @@ def calibration_from_dict(data: Any, *, base: Calibration | None = None, source:
 
 
 def load_calibration(path: str | Path, *, base: Calibration | None = None) -> Calibration:
-    """Read a calibration file (YAML or JSON, the form :func:`save_calibration` writes)."""
-    return calibration_from_dict(load_structured_file(path), base=base, source=str(path))
+    """Read a calibration file (YAML or JSON, the form :func:`save_calibration` writes). A file that
+    sets nothing (``{}``, or only its format and version) is refused: it would plan with the shipped
+    table while the user believes a measured one is in use (a wrong or truncated file)."""
+    data = load_structured_file(path)
+    if isinstance(data, Mapping) and not set(data) - {"format", "version"}:
+        raise FormatError("calibration", str(path), "is empty: it sets no field, so it would change nothing",
+                          "give the file 'tangram-opt calibrate' wrote, or leave the calibration out")
+    return calibration_from_dict(data, base=base, source=str(path))
 
 
 def save_calibration(cal: Calibration, path: str | Path, *, gpus: Iterable[str] | None = None,
