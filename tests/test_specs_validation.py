@@ -153,3 +153,12 @@ def test_yaml_exponent_notation_gets_a_hint(tmp_path):
     with pytest.raises(SpecError) as e:
         cluster_from_dict(cluster(groups=[{"gpu": "A100-40", "nodes": 1, "nic_gbps": "fast"}]))
     assert "1.0e+3" not in e.value.fix
+
+
+def test_a_custom_gpu_type_round_trips_with_its_fp8_sms_and_compute_capability():
+    # to_dict dropped them: a saved cluster then assumed flash attention and no FP8 on reload
+    c = cluster_from_dict(cluster(gpu_types=[custom(fp8_tflops=500, num_sms=108, compute_capability=7.5)], gpu="MyAccel"))
+    again = cluster_from_dict(c.to_dict())
+    assert again == c
+    g = again.node_groups[0].gpu
+    assert g.fp8_flops_per_s == 500 * u.TFLOPS and g.num_sms == 108 and g.compute_capability == 7.5

@@ -266,6 +266,9 @@ def _gpu_to_dict(g: GPUType) -> dict[str, Any]:
             "bf16_tflops": None if g.bf16_flops_per_s is None else g.bf16_flops_per_s / u.TFLOPS,
             "fp32_tflops": g.fp32_flops_per_s / u.TFLOPS, "memory_gib": g.hbm_bytes / u.GiB,
             "hbm_gbs": g.hbm_bw_bytes_per_s / u.GB_PER_S, "link": g.default_link,
+            **({} if g.fp8_flops_per_s is None else {"fp8_tflops": g.fp8_flops_per_s / u.TFLOPS}),
+            **({} if g.num_sms is None else {"num_sms": g.num_sms}),
+            **({} if g.compute_capability is None else {"compute_capability": g.compute_capability}),
             **({} if g.pcie_peer_to_peer else {"pcie_p2p": False}),
             **({} if catalog_name(g.name) is None else {"replaces_catalog": True}), "vendor": g.vendor,
             "source": g.source, "notes": g.notes}
