@@ -32,7 +32,7 @@ from tangram_opt.baselines.cheapest import (
     prefix,
 )
 from tangram_opt.baselines.greedy import greedy_by_micro_batch
-from tangram_opt.errors import InfeasibleError, NoSolutionError, SpecError
+from tangram_opt.errors import InfeasibleError, NoSolutionError
 from tangram_opt.planner.assemble import make_plan, pipeline_plan
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.diagnose import diagnose_infeasible
@@ -43,7 +43,7 @@ from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
 from tangram_opt.planner.multi_pipeline.generation import choices_of
 from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
 from tangram_opt.planner.search.nodes import SearchEvent
-from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objective
+from tangram_opt.planner.search.objective import FORMULATION_OBJECTIVE, Objective, check_max_nodes
 from tangram_opt.planner.search.priced_bounds import capacity_work, cheapest_stage_usd_h, priced_work
 from tangram_opt.solvers import SolveOptions, SolveStatus, relative_gap
 from tangram_opt.solvers.workers import DeadlineSolver
@@ -64,14 +64,7 @@ COST_STEP_TICKS = 1e7
 
 def group_caps(ctx: PlanningContext, max_nodes: Mapping[str, int] | None) -> dict[str, int]:
     """Node group name -> GPUs a plan may use of it (all of them, or ``max_nodes`` of its nodes)."""
-    groups = {g.name: g for g in ctx.cluster.node_groups}
-    for name, n in (max_nodes or {}).items():
-        if name not in groups:
-            raise SpecError(f"max_nodes[{name!r}]", n, f"is not a node group of cluster {ctx.cluster.name!r}",
-                            f"use one of {', '.join(groups)}")
-        if n > groups[name].num_nodes:
-            raise SpecError(f"max_nodes[{name!r}]", n, f"is more than the group's {groups[name].num_nodes} nodes",
-                            "give at most the group's node count")
+    check_max_nodes(dict(max_nodes) if max_nodes is not None else None, ctx.cluster)
     return {g.name: min(g.num_nodes, (max_nodes or {}).get(g.name, g.num_nodes)) * g.node.gpus_per_node
             for g in ctx.cluster.node_groups}
 
