@@ -550,3 +550,15 @@ def test_lp_relaxations_of_forks_reuse_the_parents_rows_and_basis_with_the_same_
         for a, b in zip(_rows(child, np), _rows(fresh, np)):
             assert np.array_equal(a, b)
     assert optimal >= 3 and md.lp_cache["rows"][0] == 40  # the forks' rows stay theirs
+
+
+@pytest.mark.parametrize("backend", [b for b in ("highs", "cp-sat") if b in available_backends()])
+def test_a_time_limit_already_passed_stops_the_solve_instead_of_lifting_it(backend):
+    # a deadline computed as "time left" can be negative: HiGHS refused such a limit and kept none,
+    # CP-SAT called the model invalid
+    m = LinearModel(name="late")
+    x = m.add_var("x", 0, 10, integer=True)
+    m.add(x >= 3)
+    m.minimize(x)
+    res = solve_model(m, backend, SolveOptions(time_limit_s=-1.0))
+    assert res.status != SolveStatus.ERROR

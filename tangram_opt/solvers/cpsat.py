@@ -75,7 +75,7 @@ class CpSatBackend(Backend):
             cp.add(terms <= int(limit))
         solver = cp_model.CpSolver()
         p = solver.parameters
-        p.max_time_in_seconds = float(options.time_limit_s)
+        p.max_time_in_seconds = max(0.0, float(options.time_limit_s))  # CP-SAT calls a negative one invalid
         p.num_workers = max(1, int(options.threads))
         p.random_seed = int(options.seed)
         p.relative_gap_limit = float(options.rel_gap)

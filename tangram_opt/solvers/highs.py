@@ -133,7 +133,8 @@ class HighsBackend(Backend):
                 m - len(basis[1]))
             warm.valid = True
             h.setBasis(warm)  # a basis HiGHS rejects leaves it to start cold
-        for key, val in (("time_limit", float(options.time_limit_s)), ("mip_rel_gap", float(options.rel_gap)),
+        # a negative limit (a deadline already passed) is stop-at-once: HiGHS refuses it and keeps none
+        for key, val in (("time_limit", max(0.0, float(options.time_limit_s))), ("mip_rel_gap", float(options.rel_gap)),
                          ("mip_abs_gap", 0.5 if not relax and model.is_integral else 1e-9), ("random_seed", int(options.seed)),
                          ("threads", threads)):
             h.setOptionValue(key, val)
