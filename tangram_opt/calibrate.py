@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram_opt import units as u
 from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
 from tangram_opt.errors import FormatError, SpecError, TangramError
 from tangram_opt.specs import _check
@@ -296,17 +295,10 @@ def load_base_calibration(path: str | Path) -> Calibration:
 
 
 def check_memory_reserve(cal: Calibration, gpus: Iterable[str], *, source: str = "") -> None:
-    """Refuse a calibration whose memory reserve leaves a GPU type of ``gpus`` no memory: the cost model plans
-    with ``hbm x (1 - memory_reserve_fraction) - memory_reserve_gib`` per GPU."""
-    frac = cal.memory_reserve_fraction
+    """Refuse a calibration whose memory reserve leaves a GPU type of ``gpus`` no memory
+    (:meth:`Calibration.check_reserve`)."""
     for name in sorted(set(gpus)):
-        hbm = get_gpu_type(name).hbm_bytes
-        after_fraction = hbm * (1.0 - frac)
-        if after_fraction - cal.memory_reserve_bytes <= 0:
-            raise SpecError("calibration.memory_reserve_gib", cal.memory_reserve_bytes / u.GiB,
-                            f"is at least the memory of {name} ({hbm / u.GiB:g} GiB, {after_fraction / u.GiB:.2f} GiB "
-                            f"after memory_reserve_fraction {frac:g}): nothing would be left to plan with",
-                            f"reserve less than {after_fraction / u.GiB:.2f} GiB (1-2 GiB is typical)", source=source)
+        cal.check_reserve(get_gpu_type(name), source=source)
 
 
 # --- predicting ----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from tangram_opt import units as u
 from tangram_opt.errors import FormatError, SpecError
 from tangram_opt.specs import _check
 from tangram_opt.specs._io import load_structured_file
-from tangram_opt.specs.hardware import get_gpu_type
+from tangram_opt.specs.hardware import GPUType, get_gpu_type
 
 
 def _frozen(d: Mapping[str, float]) -> Mapping[str, float]:
@@ -164,6 +164,19 @@ class Calibration:
 
     def memory(self, gpu_name: str) -> float:
         return self._lookup(self.memory_efficiency, gpu_name)
+
+    def check_reserve(self, gpu: GPUType, *, where: str = "", source: str = "") -> None:
+        """Refuse a memory reserve that leaves ``gpu`` nothing to plan with: the cost model plans with
+        ``HBM x (1 - memory_reserve_fraction) - memory_reserve_gib`` per GPU (``where``: e.g. the node
+        group, for the message)."""
+        after = gpu.hbm_bytes * (1.0 - self.memory_reserve_fraction)
+        if after <= self.memory_reserve_bytes:
+            at = f" in {where}" if where else ""
+            raise SpecError("calibration.memory_reserve_gib", self.memory_reserve_bytes / u.GiB,
+                            f"is at least the memory of {gpu.name}{at} ({gpu.hbm_bytes / u.GiB:g} GiB, "
+                            f"{after / u.GiB:.2f} GiB after memory_reserve_fraction {self.memory_reserve_fraction:g}): "
+                            "nothing would be left to plan with",
+                            f"reserve less than {after / u.GiB:.2f} GiB (1-2 GiB is typical)", source=source)
 
     def with_gpu(self, gpu_name: str, **fractions: float) -> Calibration:
         """A copy with per-GPU entries set, e.g. ``cal.with_gpu("A100-80", matmul_efficiency=0.7)``."""

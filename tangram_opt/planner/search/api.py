@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tangram_opt import units as u
 from tangram_opt.cost import (Calibration, LayerProfile, ProfileSet, check_profiles, load_calibration,
                               load_profiles)
 from tangram_opt.errors import SpecError
@@ -123,7 +122,8 @@ def solve(cluster: Cluster | str, model: ModelSpec | str, training: TrainingSpec
     check_model_inputs(model, training, expert_loads)
     calibration = calibration_input(calibration)
     if calibration is not None:
-        check_memory_reserve(calibration, cluster)
+        for g in cluster.node_groups:
+            calibration.check_reserve(g.gpu, where=f"node group {g.name!r}")
     profiles = profiles_input(profiles, model, training)
     space = space or SearchSpace()
     goal = objective_input(objective, budget_usd_per_h, min_tokens_per_s, max_nodes, cluster=cluster)
@@ -438,18 +438,6 @@ def check_numbers(*, time_limit_s: Any, threads: Any, seed: Any, rel_gap: Any, m
                         "(ep, gpus_per_node)")
 
 
-def check_memory_reserve(calibration: Calibration, cluster: Cluster) -> None:
-    """Refuse a calibration whose memory reserve leaves a GPU of ``cluster`` nothing to plan with (the
-    cost model plans with ``HBM x (1 - memory_reserve_fraction) - memory_reserve_gib`` per GPU)."""
-    for g in cluster.node_groups:
-        after = g.gpu.hbm_bytes * (1.0 - calibration.memory_reserve_fraction)
-        if after <= calibration.memory_reserve_bytes:
-            raise SpecError("calibration.memory_reserve_gib", calibration.memory_reserve_bytes / u.GiB,
-                            f"is at least the memory of {g.gpu.name} in node group {g.name!r} ({after / u.GiB:.2f} "
-                            f"GiB after memory_reserve_fraction {calibration.memory_reserve_fraction:g}): nothing "
-                            "would be left to plan with", f"reserve less than {after / u.GiB:.2f} GiB (1-2 GiB is typical)")
-
-
 def calibration_input(calibration: Calibration | str | Path | None) -> Calibration | None:
     """``calibration`` as a :class:`Calibration` (a path is read with ``load_calibration``)."""
     if calibration is None or isinstance(calibration, Calibration):
@@ -515,5 +503,5 @@ def _attach_expert_placement(plan: Plan, imbalance: Any) -> Plan:
 
 
 __all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_SEQ_LEN", "LEGACY_KNOBS", "LaunchPrice", "calibration_input",
-           "check_memory_reserve", "check_numbers", "default_seq_len", "default_training", "launch_price", "planning_inputs", "profiles_input", "solve",
-           "solve_single_pipeline"]
+           "check_model_inputs", "check_numbers", "default_seq_len", "default_training", "launch_price",
+           "planning_inputs", "profiles_input", "solve", "solve_single_pipeline"]
