@@ -52,7 +52,7 @@ from typing import Any
 from tangram_opt.cost.calibration import DEFAULT_CALIBRATION, Calibration, load_calibration
 from tangram_opt.errors import FormatError, SpecError, TangramError
 from tangram_opt.specs import _check
-from tangram_opt.specs._io import load_structured_file, read_text
+from tangram_opt.specs._io import load_structured_file, positive_number, read_text
 from tangram_opt.specs.hardware import get_gpu_type
 from tangram_opt.specs.training import TrainingSpec
 
@@ -177,25 +177,6 @@ def _read_csv(p: Path) -> list[dict[str, Any]]:
     return df.to_dict("records")
 
 
-def _number(field: str, value: Any, *, source: str = "") -> float:
-    """A finite number > 0 (``_check.positive_float``); a string that reads as a number gets a fix saying
-    how to write it (PyYAML reads ``1e-9``, without a dot, as a string)."""
-    if isinstance(value, str):
-        try:
-            v = float(value)
-        except ValueError:
-            v = None
-        if v is not None and math.isfinite(v):
-            fix = "write it as a number, without quotes"
-            if "e" in value.lower():
-                mant, _, exp = f"{v:.15e}".partition("e")
-                mant = mant.rstrip("0") + ("0" if mant.rstrip("0").endswith(".") else "")
-                fix += (f"; YAML reads exponent notation as a number only with a dot and a signed exponent: write "
-                        f"{mant}e{int(exp):+d}, not {value.strip()}")
-            raise SpecError(field, value, "must be a number, not a string", fix, source=source)
-    return _check.positive_float(field, value, source=source)
-
-
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -245,7 +226,7 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
             ints = {k: _check.positive_int(f"{w}.{k}", row.get(k, 1)) for k in
                     ("nodes", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len", "global_batch_size")}
             gpn = _check.positive_int(f"{w}.gpus_per_node", row.get("gpus_per_node", 8))
-            nic = _number(f"{w}.nic_gbps", row.get("nic_gbps", 400.0 * gpn))
+            nic = positive_number(f"{w}.nic_gbps", row.get("nic_gbps", 400.0 * gpn))
             zero = row.get("zero", 0)
             if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
                 raise SpecError(f"{w}.zero", zero, "is not a ZeRO stage", "use 0, 1, 2 or 3")
@@ -259,7 +240,7 @@ def measurements_from_dict(data: Any, *, source: str = "") -> list[MeasuredRun]:
             candidate = base / model_ref
             model = load_model(str(candidate) if candidate.exists() else model_ref)
             measure = given[0]
-            value = _number(f"{w}.{measure}", row[measure])
+            value = positive_number(f"{w}.{measure}", row[measure])
         except FormatError:
             raise
         except SpecError as e:
