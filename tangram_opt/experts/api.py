@@ -30,7 +30,7 @@ from tangram_opt.experts.improve import iterated_local_search, local_search
 from tangram_opt.experts.mip import build_and_solve
 from tangram_opt.experts.placement import (ExpertPlacement, PlacementCertificate, build_placement, cross_node_tokens,
                                            moved_experts)
-from tangram_opt.experts.problem import PlacementProblem, make_problem
+from tangram_opt.experts.problem import PlacementProblem, check_real, make_problem
 from tangram_opt.experts.split import optimal_split
 from tangram_opt.solvers import SolveOptions, SolveStatus, get_backend
 
@@ -236,20 +236,6 @@ def solve_layer(p: PlacementProblem, *, method: str = "mip", backend: str = DEFA
     return build_placement(p, best, method="mip", certificate=cert)
 
 
-def _check_real(field: str, values: Any) -> None:
-    """Refuse strings and booleans anywhere in (nested) lists of loads: numpy would coerce them silently."""
-    if isinstance(values, np.ndarray):
-        if values.dtype.kind not in "iuf":
-            raise SpecError(field, f"array of {values.dtype}", "must hold numbers", "pass tokens per expert as numbers")
-        return
-    for i, v in enumerate(values):
-        if isinstance(v, (list, tuple, np.ndarray)):
-            _check_real(f"{field}[{i}]", v)
-        elif isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}",
-                            "write the number without quotes" if isinstance(v, str) else "give tokens per expert")
-
-
 def _check_options(*, time_limit_s: Any, rel_gap: Any, threads: Any, seed: Any, cross_node_weight: Any,
                    move_weight: Any) -> None:
     """The solver knobs of :func:`place_experts` and :func:`solve_layer`, each named in the error."""
@@ -270,7 +256,7 @@ def _check_options(*, time_limit_s: Any, rel_gap: Any, threads: Any, seed: Any, 
 
 def _as_layers(loads: Any) -> tuple[np.ndarray, bool]:
     if isinstance(loads, (list, tuple, np.ndarray)):
-        _check_real("loads", loads)
+        check_real("loads", loads)
     try:
         arr = np.asarray(loads, dtype=float)
     except (TypeError, ValueError):

@@ -111,6 +111,21 @@ def _int(field: str, value: Any, *, lowest: int) -> int:
     return int(value)
 
 
+def check_real(field: str, values: Any) -> None:
+    """Refuse strings and booleans anywhere in (nested) lists of numbers: numpy and ``float`` would
+    coerce them silently (``"1"`` is a typo in a loads file)."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iuf":
+            raise SpecError(field, f"array of {values.dtype}", "must hold numbers", "pass numbers")
+        return
+    for i, v in enumerate(values):
+        if isinstance(v, (list, tuple, np.ndarray)):
+            check_real(f"{field}[{i}]", v)
+        elif isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}",
+                            "write the number without quotes" if isinstance(v, str) else "give a number per entry")
+
+
 def _numbers(field: str, values: Any, n: int | None, *, positive: bool = False) -> tuple[float, ...]:
     """Numbers as floats; strings and booleans are refused, not coerced (``"1"`` is a typo in a loads file)."""
     if isinstance(values, (str, bytes)):
@@ -119,10 +134,10 @@ def _numbers(field: str, values: Any, n: int | None, *, positive: bool = False) 
         items = list(values)
     except TypeError:
         raise SpecError(field, values, "must be a sequence of numbers", "pass a list or 1-D array") from None
-    for i, v in enumerate(items):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}",
-                            "write the number without quotes" if isinstance(v, str) else "give a number per entry")
+    for i, v in enumerate(items):  # one number per entry: nested lists are check_real's other use
+        if isinstance(v, (list, tuple, np.ndarray)):
+            raise SpecError(f"{field}[{i}]", v, f"must be a number, not {type(v).__name__}", "give a number per entry")
+    check_real(field, items)
     out = tuple(float(v) for v in items)
     if n is not None and len(out) != n:
         raise SpecError(field, f"{len(out)} values", f"needs exactly {n} values", f"give one value per item ({n})")
