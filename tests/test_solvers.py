@@ -553,12 +553,25 @@ def test_lp_relaxations_of_forks_reuse_the_parents_rows_and_basis_with_the_same_
 
 
 @pytest.mark.parametrize("backend", [b for b in ("highs", "cp-sat") if b in available_backends()])
-def test_a_time_limit_already_passed_stops_the_solve_instead_of_lifting_it(backend):
-    # a deadline computed as "time left" can be negative: HiGHS refused such a limit and kept none,
-    # CP-SAT called the model invalid
+def test_a_time_limit_already_passed_stops_the_solve_instead_of_lifting_it(backend, monkeypatch):
+    # a deadline computed as "time left" can be negative: HiGHS refused such a limit and kept none
+    # (no limit at all), CP-SAT called the model invalid
     m = LinearModel(name="late")
     x = m.add_var("x", 0, 10, integer=True)
     m.add(x >= 3)
     m.minimize(x)
+    limits = []
+    if backend == "highs":
+        import highspy
+
+        class Recording(highspy.Highs):
+            def setOptionValue(self, key, value):  # noqa: N802 - HiGHS's name
+                if key == "time_limit":
+                    limits.append(value)
+                return super().setOptionValue(key, value)
+
+        monkeypatch.setattr(highspy, "Highs", Recording)
     res = solve_model(m, backend, SolveOptions(time_limit_s=-1.0))
     assert res.status != SolveStatus.ERROR
+    if backend == "highs":
+        assert limits == [0.0]  # a limit HiGHS takes: stop at once
