@@ -395,6 +395,17 @@ def test_infeasible_model_gets_a_diagnosis():
     assert err.value.closest["gpu"] == "L4"
 
 
+def test_a_sequence_whose_logits_fit_no_end_stage_is_diagnosed_by_the_lm_head():
+    # 10M tokens: a middle stage of one layer fits with tp8-cp8 and full recomputation, but the LM
+    # head's logits of one micro-batch do not fit on any last stage; the diagnosis says so (it used
+    # to suggest ZeRO-3 and full recomputation, which the sizing already used)
+    with pytest.raises(InfeasibleError) as err:
+        solve("h100-64", "llama-3-8b", TrainingSpec(global_batch_size=64, seq_len=10_000_000), time_limit_s=5)
+    msg = str(err.value)
+    assert "No first or last stage of one layer fits" in msg and "LM head" in msg and "128,256" in msg
+    assert "shorter sequence" in msg and "cp8" in msg
+
+
 def test_bad_arguments_are_spec_errors():
     with pytest.raises(SpecError, match="backend"):
         solve("tiny-mixed", "llama-3-8b", TrainingSpec(global_batch_size=8, seq_len=1024, precision="fp16"),

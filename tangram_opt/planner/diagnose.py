@@ -4,6 +4,7 @@ fitting in memory, and by how much it misses."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields, replace
 from typing import Any
 
@@ -92,6 +93,24 @@ def diagnose_space(ctx: PlanningContext) -> InfeasibleError | None:
                            closest={"restriction": [f"space.{n}" for n in culprits]})
 
 
+def _one_layer_bytes(ctx: PlanningContext, node: Any, cfg: StageConfig) -> tuple[float, float]:
+    """Peak bytes per GPU of a middle stage of one layer (its largest kind) with one micro-batch in
+    flight, and of the larger of a first or last stage of one layer, as the candidate tables count
+    them (weights, one micro-batch's activations, and the largest scratch of the pieces)."""
+    cost = ctx.cost
+    layers = [cost.layer(node, cfg, k) for k in ctx.kinds]
+    layer = max(c.static_bytes + c.activation_bytes for c in layers)
+    scratch = max(c.transient_bytes for c in layers)
+    ends = max(layer + e.static_bytes + e.activation_bytes + max(scratch, e.transient_bytes)
+               for e in (cost.embedding(node, cfg), cost.head(node, cfg)))
+    return layer + scratch, ends
+
+
+def _tokens(ctx: PlanningContext) -> str:
+    """Tokens of one micro-batch of the smallest per-rank size the space allows, readable."""
+    return f"{min(ctx.space.micro_batch_sizes) * ctx.training.seq_len:,}"
+
+
 def _head(ctx: PlanningContext) -> str:
     return (f"No plan fits {ctx.model.name} on {ctx.cluster.name} with global batch "
             f"{ctx.training.global_batch_size} x {ctx.training.seq_len} tokens.")
@@ -101,7 +120,8 @@ def diagnose_infeasible(ctx: PlanningContext) -> InfeasibleError:
     """A restriction of the search space that leaves no layout (:func:`diagnose_space`), else the
     smallest per-GPU footprint of a single layer on each island, with the most memory-saving
     configuration the search space allows (max tp within a node, ZeRO-3 over the whole island,
-    full recomputation, the smallest micro-batch), compared with usable memory."""
+    full recomputation, the smallest micro-batch, the largest cp), compared with usable memory; when a
+    middle stage of one layer fits but no first or last stage does, the embedding or LM head is named."""
     by_space = diagnose_space(ctx)
     if by_space is not None:
         return by_space
@@ -110,7 +130,7 @@ def diagnose_infeasible(ctx: PlanningContext) -> InfeasibleError:
     lines: list[str] = []
     closest: dict[str, Any] = {}
     best_ratio = float("inf")
-    kinds = ctx.kinds
+    ends_vs_usable: list[tuple[float, float, dict[str, Any]]] = []  # first / last stage of one layer
     for isl in ctx.islands:
         tps = [t for t in (sp.tp or range(1, isl.gpus_per_node + 1))
                if isl.gpus_per_node % t == 0 and not cost.check_config(isl.node, StageConfig(tp=t))]
@@ -119,17 +139,26 @@ def diagnose_infeasible(ctx: PlanningContext) -> InfeasibleError:
                          + f"that the model allows divides its {isl.gpus_per_node} GPUs per node")
             continue
         tp = max(tps)
-        dp = max(1, isl.num_gpus // tp)
-        cfg = StageConfig(tp=tp, dp=dp, zero=max(sp.zero), recompute=sp.recompute[-1] if "full" not in sp.recompute
-                          else "full", micro_batch_size=min(sp.micro_batch_sizes))
+        # context parallelism splits every activation by the sequence: the largest cp the space,
+        # the island and the sequence allow (load-balanced causal CP needs 2 cp | seq_len)
+        cps = [c for c in sp.cp if isl.num_gpus % (tp * c) == 0 and (c == 1 or ctx.training.seq_len % (2 * c) == 0)
+               and not cost.check_config(isl.node, StageConfig(tp=tp, cp=c))]
+        cp = max(cps, default=1)
+        dp = max(1, isl.num_gpus // (tp * cp))
+        cfg = StageConfig(tp=tp, cp=cp, dp=dp, zero=max(sp.zero), micro_batch_size=min(sp.micro_batch_sizes),
+                          recompute=sp.recompute[-1] if "full" not in sp.recompute else "full")
         problems = cost.check_config(isl.node, cfg)
         cap = cost.usable_memory_bytes(isl.node)
-        need = max(cost.layer(isl.node, cfg, k).static_bytes + cost.layer(isl.node, cfg, k).activation_bytes
-                   for k in kinds) if not problems else float("nan")
+        if problems:
+            need = ends = float("nan")
+        else:
+            need, ends = _one_layer_bytes(ctx, isl.node, cfg)
+        ends_vs_usable.append((ends, cap, {"island": isl.name, "gpu": isl.gpu_name, "config": cfg.label}))
         ratio = need / cap if cap > 0 else float("inf")
         lines.append(f"  {isl.name} ({isl.gpu_name}): one layer needs {need / u.GiB:.2f} GiB per GPU with "
-                     f"{cfg.label} over {cfg.gpus} GPUs; {cap / u.GiB:.2f} GiB usable"
-                     + (f" ({'; '.join(problems)})" if problems else ""))
+                     f"{cfg.label} over {cfg.gpus} GPUs"
+                     + (f", a first or last stage with one layer {ends / u.GiB:.2f} GiB" if ends > need else "")
+                     + f"; {cap / u.GiB:.2f} GiB usable" + (f" ({'; '.join(problems)})" if problems else ""))
         if ratio < best_ratio:
             best_ratio = ratio
             closest = {"island": isl.name, "gpu": isl.gpu_name, "need_bytes": need, "usable_bytes": cap,
@@ -151,9 +180,20 @@ def diagnose_infeasible(ctx: PlanningContext) -> InfeasibleError:
                      f"weights, gradients and optimizer states alone take {need / u.GiB:.1f} GiB "
                      f"({m.total_params / 1e9:.2f}B parameters x {bytes_per_param:g} bytes) and the cluster has "
                      f"{usable / u.GiB:.1f} GiB usable")
-            head += (f": it misses by {(need - usable) / u.GiB:.1f} GiB before activations; add GPUs." if need > usable
-                     else "; activations and per-stage copies of the embedding/head do not fit: allow more stages "
-                          "(space.max_stages), ZeRO-3 or full recomputation.")
+            if need > usable:
+                head += f": it misses by {(need - usable) / u.GiB:.1f} GiB before activations; add GPUs."
+            elif all(not ends <= cap for ends, cap, _ in ends_vs_usable):
+                # a middle stage of one layer fits, but no first or last stage does: the vocabulary's
+                # pieces (the head's logits grow with the tokens of a micro-batch) are what is too large
+                ends, cap, at = min(ends_vs_usable, key=lambda e: e[0] / e[1] if e[1] > 0 else math.inf)
+                head += (f". No first or last stage of one layer fits: with {at['config']} on {at['island']} "
+                         f"({at['gpu']}), one layer with the embedding or the LM head (its logits: {_tokens(ctx)} "
+                         f"tokens x {ctx.model.vocab_size:,} vocabulary entries per micro-batch) takes "
+                         f"{ends / u.GiB:.2f} GiB per GPU, {(ends - cap) / u.GiB:.2f} GiB more than usable; use a "
+                         f"shorter sequence or GPUs with more memory.")
+            else:
+                head += ("; activations and per-stage copies of the embedding/head do not fit: allow more stages "
+                         "(space.max_stages), ZeRO-3 or full recomputation.")
     elif all(cost.usable_memory_bytes(isl.node) <= 0 for isl in ctx.islands):
         c = cost.calibration
         head += (f" No GPU has usable memory: the calibration's memory reserve ({c.memory_reserve_bytes / u.GiB:g} "
