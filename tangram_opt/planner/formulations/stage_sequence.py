@@ -95,6 +95,9 @@ class SequenceMIP:
     #: the lower edge of the node's window on the largest step tail: only plans with some stage's
     #: tail above it (row ``tail_window``); None: no lower edge
     lower_tail_s: float | None = None
+    #: the island of each position, when the model is restricted to one island order (the primal
+    #: search of search/patterns.py); None: any island anywhere
+    islands: Sequence[int] | None = None
     model: LinearModel = field(default_factory=LinearModel)
     #: per position, its types; ``x[k][j]`` is the binary of ``at[k][j]``
     at: list[list[StageType]] = field(default_factory=list)
@@ -116,8 +119,8 @@ class SequenceMIP:
         assert p.schedule == "1f1b" and P >= 2, "sequence models are for 1F1B pipelines of two or more stages"
         m, tick = p.num_micro_batches, o.tick_s
         fl, ce = rounders(tick)  # lower- and upper-bound rounding to ticks (ticks.py)
-        self.at = [position_types(p, self.types.get(role_at(k, P), []), inflight_micro_batches(k, P, m), self.upper_s)
-                   for k in range(P)]
+        assert self.islands is None or len(self.islands) == P, "one island per position"
+        self.at = [position_types(p, self._allowed(k), inflight_micro_batches(k, P, m), self.upper_s) for k in range(P)]
         if self.empty:
             return self
         md = self.model
@@ -274,6 +277,14 @@ class SequenceMIP:
         self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
         self.aux.update({f"c[{k}]": v for k, v in enumerate(c_lo)})
         return self
+
+    def _allowed(self, k: int) -> list[StageType]:
+        """The types of position ``k``'s role, on its island when the order of islands is given."""
+        types = self.types.get(role_at(k, self.stages), [])
+        if self.islands is None:
+            return list(types)
+        cands, island = self.problem.candidates, self.islands[k]
+        return [t for t in types if cands[t.candidate].island == island]
 
     # --- solutions -----------------------------------------------------------------------
     def decode(self, values: Sequence[float]) -> list[StageChoice]:

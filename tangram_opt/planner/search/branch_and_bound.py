@@ -36,6 +36,7 @@ from tangram_opt.planner.plan import Certificate, CertificateStatus, Plan
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.leaves import LeafSolves
 from tangram_opt.planner.search.nodes import InFlight, Node, SearchEvent, SubProblem
+from tangram_opt.planner.search.patterns import IslandOrders
 from tangram_opt.planner.search.primal import PrimalHeuristics
 from tangram_opt.planner.search.splitting import WindowSplits
 from tangram_opt.planner.search.tables import price_ahead
@@ -48,10 +49,11 @@ from tangram_opt.solvers.workers import SolverPool
 NOT_STARTED = "not started (time limit)"
 
 
-class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
+class BranchAndBound(LeafSolves, PrimalHeuristics, IslandOrders, WindowSplits, WindowBounds):
     """One search: its sub-problems, queue of open nodes, incumbent and bounds, from roots to certificate.
 
-    The leaf solves (leaves.py), primal heuristics (primal.py), node splits (splitting.py) and
+    The leaf solves (leaves.py), primal heuristics (primal.py, and the island orders of patterns.py),
+    node splits (splitting.py) and
     window bounds (window_bounds.py) are methods of this class kept in their own modules; what is
     here is the tree: roots, node selection, the worker processes and the certificate.
     """
@@ -99,6 +101,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
         #: seconds the neighbourhood search has had, and its slices between nodes so far
         self.neighbourhood_spent = 0.0
         self.kick_turns = 0
+        #: the island-order search (patterns.py): its time so far, and the orders tried per sub-problem
+        self.order_spent = 0.0
+        self.order_tried: dict[int, set[tuple[int, ...]]] = {}
         #: sequence leaves solved with HiGHS's heuristics in a row that found no better plan, and
         #: eligible leaves skipped since the last one (``LeafSolves.heuristics_turn``)
         self.heuristic_misses = self.heuristic_skips = 0
@@ -338,6 +343,7 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, WindowSplits, WindowBounds):
                     every, idle = min(2 * every, tuning.PRIMAL_MAX_EVERY), 0
             self.improve_incumbent()
             self.kick_turn()
+            self.order_turn()
         while self.inflight and self.collect(block=True):
             pass
 

@@ -69,6 +69,19 @@ NEIGHBOURHOOD_KICK_SUBS = 5
 NEIGHBOURHOOD_SLICE_S = 0.3
 NEIGHBOURHOOD_TURN_SHARE = 0.005
 NEIGHBOURHOOD_TURN_MIN_S = 0.2
+#: the island-order search (search/patterns.py): the sequence model with the island of every
+#: position fixed, for the orders one edit away from the incumbent's; from ORDER_START_SHARE of the
+#: time limit on (the fast-network cases of the planner scaling page close before it) and while
+#: the gap is at least ORDER_MIN_GAP, at most ORDER_SHARE of the time so far, in slices of
+#: ORDER_SLICE_S between nodes, each order for at most ORDER_SOLVE_S
+ORDER_SEARCH = True
+ORDER_START_SHARE = 0.2
+ORDER_MIN_GAP = 0.02
+ORDER_SHARE = 0.15
+ORDER_SLICE_S = 2.5
+ORDER_SOLVE_S = 2.5
+#: ... with periods at most this fraction above the incumbent's
+ORDER_PERIOD_SLACK = 0.02
 #: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
 PRIMAL_IDLE_TURNS = 8
 PRIMAL_MAX_EVERY = 8

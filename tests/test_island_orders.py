@@ -1,0 +1,133 @@
+"""The island-order search (planner/search/patterns.py): its orders are exactly those one edit away
+from the incumbent's, its model is the sequence model restricted to one island per position (exact
+inside that order: the best plan of the order, by enumeration), and inside the search it offers
+that best plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulations.problem import FormulationOptions, choices_timing
+from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
+from tangram_opt.planner.formulations.stage_types import enumerate_types
+from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
+from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+from tangram_opt.planner.search.nodes import SubProblem
+from tangram_opt.planner.search.patterns import neighbour_orders
+from tangram_opt.planner.space import SearchSpace
+from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.specs import TrainingSpec, load_model, make_cluster
+from tangram_opt.testing.exhaustive import enumerate_plans
+
+
+def _one_edit(order: tuple[int, ...], islands: list[int]) -> set[tuple[int, ...]]:
+    out = {order}
+    for k in range(len(order) + 1):
+        out |= {order[:k] + (i,) + order[k:] for i in islands}
+    for k in range(len(order)):
+        out.add(order[:k] + order[k + 1:])
+        out |= {order[:k] + (i,) + order[k + 1:] for i in islands}
+    return out
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 2), min_size=2, max_size=9), st.integers(1, 4), st.integers(4, 12))
+def test_neighbour_orders_are_the_order_and_every_order_one_edit_away_once(order, lo, hi):
+    order = tuple(order)
+    islands = [0, 1, 2]
+    got = neighbour_orders(order, islands, lo, hi)
+    assert len(got) == len(set(got))
+    expected = {o for o in _one_edit(order, islands) if max(2, lo) <= len(o) <= hi}
+    assert set(got) == expected
+    if order in expected:
+        assert got[0] == order  # the incumbent's own order first (its layers and candidates re-solved)
+    # an insertion next, where there is one: a stage more shortens the period
+    others = [o for o in got if o != order]
+    if any(len(o) > len(order) for o in others):
+        assert len(others[0]) == len(order) + 1
+
+
+def _mixed() -> PlanningContext:
+    """Llama-3-8B (5 layers) on fast H100 nodes beside slow-NIC L4 nodes, b = 2 (as tests/test_sequence.py)."""
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    return PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                           TrainingSpec(global_batch_size=16, seq_len=1024), space=space)
+
+
+def _plans_by_order(problem):
+    """Multi-stage plans by island order: (exact step time, period, plan)."""
+    out: dict[tuple[int, ...], list] = {}
+    for plan in enumerate_plans(problem):
+        if len(plan) >= 2:
+            timing = choices_timing(problem, list(plan))
+            order = tuple(problem.candidates[st.candidate].island for st in plan)
+            out.setdefault(order, []).append((timing.step_time_s, timing.bottleneck_s, plan))
+    return out
+
+
+def test_the_model_of_an_island_order_has_the_best_plan_of_that_order_as_its_optimum():
+    problem = _mixed().problem(2)
+    types = enumerate_types(problem)
+    by_order = _plans_by_order(problem)
+    assert len(by_order) >= 6
+    for order, plans in by_order.items():
+        hi = sorted(lam for _, lam, _ in plans)[len(plans) // 2]  # a window holding about half of them
+        inside = [t for t, lam, _ in plans if lam <= hi * (1 + 1e-12)]
+        best = min(inside)
+        tick = tick_for(max(best, problem.num_micro_batches * hi))
+        sized = dataclasses.replace(problem, min_stages=len(order), max_stages=len(order))
+        seq = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, len(order), 0.0, hi, islands=order).build()
+        assert all(problem.candidates[t.candidate].island == i for ts, i in zip(seq.at, order) for t in ts)
+        res = solve_model(seq.model, "highs", SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False))
+        assert res.status == SolveStatus.OPTIMAL, (order, res.status)
+        slack = rounding_ticks(problem.num_micro_batches) * tick
+        assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (order, best, res.objective * tick)
+        decoded = seq.decode(res.values)
+        assert tuple(problem.candidates[st.candidate].island for st in decoded) == order
+        assert choices_timing(problem, decoded).step_time_s == pytest.approx(best, rel=1e-6)
+
+
+def test_order_turns_improve_on_the_incumbent_and_try_every_order_around_the_last_one(monkeypatch):
+    # the incumbent is the worst multi-stage plan of the instance. The first order tried is its own
+    # (solved exactly here: the best plan of that order in the window), and turns go on from each
+    # new incumbent until every order one edit away from the last one has been tried
+    ctx = _mixed()
+    problem = ctx.problem(2)
+    by_order = _plans_by_order(problem)
+    worst_t, worst_lam, worst = max((p for ps in by_order.values() for p in ps), key=lambda p: p[0])
+    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
+    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
+    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                            on_progress=None, t0=time.perf_counter() - 1.0)
+    sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
+    sub.types = enumerate_types(problem, worst_t)
+    search.offer(2, list(worst), worst_t)
+    order = tuple(problem.candidates[st.candidate].island for st in worst)
+    hi = min(worst_t / (problem.num_micro_batches - 1), worst_lam * (1 + tuning.ORDER_PERIOD_SLACK))
+    own_best = min(t for t, lam, _ in by_order[order] if lam <= hi * (1 + 1e-12))
+    for _ in range(100):
+        before = set(search.order_tried.get(2, ()))
+        search.order_turn()
+        if search.order_tried[2] == before:
+            break
+    assert search.inc_s < worst_t * (1 - 1e-6)
+    assert search.inc_s <= own_best * (1 + 1e-9)
+    b, choices = search.inc
+    assert b == 2 and choices_timing(problem, choices).step_time_s == pytest.approx(search.inc_s, rel=1e-12)
+    last = tuple(problem.candidates[st.candidate].island for st in choices)
+    assert set(neighbour_orders(last, sorted(problem.island_gpus), problem.min_stages, problem.max_stages)) \
+        <= search.order_tried[2]
+    assert sub.info["order_solves"] >= 2
