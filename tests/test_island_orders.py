@@ -48,10 +48,13 @@ def test_neighbour_orders_are_the_order_and_every_order_one_edit_away_once(order
     assert set(got) == expected
     if order in expected:
         assert got[0] == order  # the incumbent's own order first (its layers and candidates re-solved)
-    # an insertion next, where there is one: a stage more shortens the period
+    # next, a run one stage longer, where the length allows one: a stage more shortens the period
     others = [o for o in got if o != order]
-    if any(len(o) > len(order) for o in others):
-        assert len(others[0]) == len(order) + 1
+    if max(2, lo) <= len(order) + 1 <= hi:
+        longer = others[0]
+        assert len(longer) == len(order) + 1
+        assert any(longer[:k] + longer[k + 1:] == order and (longer[k] in longer[max(0, k - 1):k] + longer[k + 1:k + 2])
+                   for k in range(len(longer)))
 
 
 def _mixed() -> PlanningContext:
@@ -109,6 +112,7 @@ def test_order_turns_improve_on_the_incumbent_and_try_every_order_around_the_las
     monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
     monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
     monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
+    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 10**6)
     search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
                             formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
                             on_progress=None, t0=time.perf_counter() - 1.0)
@@ -131,3 +135,31 @@ def test_order_turns_improve_on_the_incumbent_and_try_every_order_around_the_las
     assert set(neighbour_orders(last, sorted(problem.island_gpus), problem.min_stages, problem.max_stages)) \
         <= search.order_tried[2]
     assert sub.info["order_solves"] >= 2
+
+
+def test_order_turns_wait_for_a_new_incumbent_after_patience_runs_out(monkeypatch):
+    # from the best plan of the instance no order finds anything better: after ORDER_PATIENCE
+    # orders the turns stop trying, until a much better incumbent arrives
+    ctx = _mixed()
+    problem = ctx.problem(2)
+    best_t, _, best = min((p for ps in _plans_by_order(problem).values() for p in ps), key=lambda p: p[0])
+    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
+    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 2)
+    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                            on_progress=None, t0=time.perf_counter() - 1.0)
+    sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
+    sub.types = enumerate_types(problem, best_t * 1.5)
+    search.offer(2, list(best), best_t)
+    for _ in range(3):
+        search.order_turn()
+    assert len(search.order_tried[2]) == 2 and search.inc_s == best_t
+    search.order_turn()  # the same incumbent: no more orders
+    assert len(search.order_tried[2]) == 2
+    # an incumbent ORDER_MIN_GAIN better than when patience started (here: as if that had been
+    # twice as slow) starts it anew
+    search.order_from_s = 2 * best_t
+    search.order_turn()
+    assert len(search.order_tried[2]) == 4

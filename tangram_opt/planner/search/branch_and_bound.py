@@ -101,9 +101,12 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, IslandOrders, WindowSplits, W
         #: seconds the neighbourhood search has had, and its slices between nodes so far
         self.neighbourhood_spent = 0.0
         self.kick_turns = 0
-        #: the island-order search (patterns.py): its time so far, and the orders tried per sub-problem
+        #: the island-order search (patterns.py): its time so far, the orders tried per sub-problem,
+        #: and how many in a row found nothing much better than the incumbent ``order_from_s``
         self.order_spent = 0.0
         self.order_tried: dict[int, set[tuple[int, ...]]] = {}
+        self.order_misses = 0
+        self.order_from_s = math.inf
         #: sequence leaves solved with HiGHS's heuristics in a row that found no better plan, and
         #: eligible leaves skipped since the last one (``LeafSolves.heuristics_turn``)
         self.heuristic_misses = self.heuristic_skips = 0

@@ -37,30 +37,36 @@ Order = tuple[int, ...]
 def neighbour_orders(order: Order, islands: Sequence[int], min_stages: int, max_stages: int) -> list[Order]:
     """``order`` and the island orders one edit away from it, each once: one stage more (every
     island at every place), one stage less, one stage on another island; orders of fewer than two
-    or outside ``[min_stages, max_stages]`` stages are left out. Insertions come first (a stage more
-    shortens the period, which the step multiplies by ``m - 1``), then other islands, then removals,
-    and edits at the ends of runs before edits inside one (they keep the number of runs, and so
-    of links between islands)."""
+    or outside ``[min_stages, max_stages]`` stages are left out. The edits that keep the runs of
+    islands (and so the links between them) come first: a run one stage longer (a stage more
+    shortens the period, which the step multiplies by ``m - 1``), a run one stage shorter, a stage
+    moved from a run to the next; then the others."""
     out: dict[Order, int] = {}
 
     def add(o: Order, rank: int) -> None:
         if max(2, min_stages) <= len(o) <= max_stages and o not in out:
             out[o] = rank
 
-    def at_edge(k: int) -> bool:  # position k starts or ends a run of one island
-        return k == 0 or k == len(order) - 1 or order[k - 1] != order[k] or order[k + 1] != order[k]
-
+    n = len(order)
     add(order, 0)
-    for k in range(len(order) + 1):
+    for k in range(n + 1):  # a run one longer: next to a stage of the same island
+        for i in {order[k - 1] if k else None, order[k] if k < n else None} - {None}:
+            add(order[:k] + (i,) + order[k:], 1)
+    for k in range(n):  # a run one shorter (not a run of one: that would join two runs)
+        if (k and order[k - 1] == order[k]) or (k + 1 < n and order[k + 1] == order[k]):
+            add(order[:k] + order[k + 1:], 2)
+    for k in range(n):  # the stage at the end of a run taken by the neighbouring run
+        for j in (k - 1, k + 1):
+            if 0 <= j < n and order[j] != order[k]:
+                add(order[:k] + (order[j],) + order[k + 1:], 3)
+    for k in range(n + 1):
         for i in islands:
-            edge = k == 0 or k == len(order) or order[k - 1] == i or order[k] == i or order[k - 1] != order[k]
-            add(order[:k] + (i,) + order[k:], 1 if edge else 4)
-    for k in range(len(order)):
+            add(order[:k] + (i,) + order[k:], 4)
+    for k in range(n):
+        add(order[:k] + order[k + 1:], 5)
         for i in islands:
             if i != order[k]:
-                add(order[:k] + (i,) + order[k + 1:], 2 if at_edge(k) else 5)
-    for k in range(len(order)):
-        add(order[:k] + order[k + 1:], 3 if at_edge(k) else 6)
+                add(order[:k] + (i,) + order[k + 1:], 6)
     return sorted(out, key=lambda o: out[o])
 
 
@@ -68,8 +74,8 @@ class IslandOrders:
     """The island-order search of :class:`~tangram_opt.planner.search.branch_and_bound.BranchAndBound`
     (a mixin: it uses the search's subs, incumbent, backend and :meth:`offer`). The orders tried are
     kept per sub-problem in ``order_tried`` and not tried again: one solved to the end against the
-    incumbent of its time holds no better plan, since the incumbent only improves; one cut short by
-    its time limit is left to the window search."""
+    incumbent of its time holds no better plan in its period window, since the incumbent only
+    improves; one cut short by its time limit is left to the window search."""
 
     __slots__ = ()
 
@@ -78,17 +84,20 @@ class IslandOrders:
         closes sooner needs no better plan), while the gap is at least ``ORDER_MIN_GAP`` (a better
         plan could be worth it) and the island-order search has had less than ``ORDER_SHARE`` of
         the time so far, solve the next untried orders around the incumbent for one slice
-        (``ORDER_SLICE_S``: no order starts after it), each for at most ``ORDER_SOLVE_S``."""
+        (``ORDER_SLICE_S``: no order starts after it), each for at most ``ORDER_SOLVE_S``. After
+        ``ORDER_PATIENCE`` orders in a row without a plan ``ORDER_MIN_GAIN`` better it waits for one
+        from elsewhere."""
         if (not tuning.ORDER_SEARCH or self.inc is None or self.formulation != "aggregated"
                 or self.ctx.space.schedule != "1f1b" or self.remaining() <= 1.0
                 or self.elapsed() < tuning.ORDER_START_SHARE * self.time_limit_s
-                or self.order_spent >= tuning.ORDER_SHARE * self.elapsed()
-                or self.inc_s - self.global_bound() < tuning.ORDER_MIN_GAP * self.inc_s):
+                or self.order_spent >= tuning.ORDER_SHARE * self.elapsed()):
             return
+        self.order_progress()
         inc = self.inc
         b, choices = inc
         sub = self.subs[b]
-        if sub.types is None or len(choices) < 2:
+        if (sub.types is None or len(choices) < 2 or self.order_misses >= tuning.ORDER_PATIENCE
+                or self.inc_s - self.global_bound() < tuning.ORDER_MIN_GAP * self.inc_s):  # the costly test last
             return
         start = time.perf_counter()
         deadline = start + min(tuning.ORDER_SLICE_S, self.remaining() - 1.0)
@@ -96,6 +105,7 @@ class IslandOrders:
         order = tuple(cands[st.candidate].island for st in choices)
         tried = self.order_tried.setdefault(b, set())
         period = choices_timing(sub.problem, choices).bottleneck_s
+        floor = fluid_bottleneck_s(sub.problem)
         for o in neighbour_orders(order, sorted(sub.problem.island_gpus), sub.problem.min_stages,
                                   sub.problem.max_stages):
             if time.perf_counter() >= deadline or self.inc is not inc:
@@ -104,19 +114,32 @@ class IslandOrders:
                 continue
             tried.add(o)
             # each order gets its whole time (a slice ends after the order that overruns it)
-            self.solve_order(sub, o, period, min(tuning.ORDER_SOLVE_S, self.remaining() - 0.5))
+            self.solve_order(sub, o, floor, period, min(tuning.ORDER_SOLVE_S, self.remaining() - 0.5))
+            if not self.order_progress():
+                self.order_misses += 1
+                if self.order_misses >= tuning.ORDER_PATIENCE:
+                    break
         self.order_spent += time.perf_counter() - start
 
-    def solve_order(self, sub: SubProblem, order: Order, period_s: float, time_limit_s: float) -> None:
-        """Solve ``sub``'s sequence model restricted to ``order``, with periods up to a little above
-        ``period_s``, below the incumbent, and offer its plan."""
+    def order_progress(self) -> bool:
+        """Whether the incumbent (from here or elsewhere) is better by at least ``ORDER_MIN_GAIN``
+        than when the orders' patience last started; if so it starts anew."""
+        if self.inc_s < self.order_from_s * (1 - tuning.ORDER_MIN_GAIN):
+            self.order_from_s, self.order_misses = self.inc_s, 0
+            return True
+        return False
+
+    def solve_order(self, sub: SubProblem, order: Order, floor_s: float, period_s: float, time_limit_s: float) -> None:
+        """Solve ``sub``'s sequence model restricted to ``order``, with periods from ``floor_s`` (a
+        lower bound on every plan's) up to a little above ``period_s``, below the incumbent, and
+        offer its plan."""
         p: PipelineProblem = sub.problem
         m = p.num_micro_batches
         # a plan better than the incumbent has (m - 1) lambda below it (formulations/pipeline_mip.md §1);
         # the orders look for plans with a period near the incumbent's or below it (a heuristic
         # window: it keeps the model small, and a longer period rarely pays for itself)
         hi = min(self.inc_s / max(1, m - 1), period_s * (1 + tuning.ORDER_PERIOD_SLACK))
-        lo = min(fluid_bottleneck_s(p), hi)
+        lo = min(floor_s, hi)
         seq = SequenceMIP(p, self.formulation_options(sub), sub.types, len(order), lo, hi,
                           integral=self.backend != "highs", islands=order).build()
         if seq.empty:

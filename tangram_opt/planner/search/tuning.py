@@ -73,7 +73,10 @@ NEIGHBOURHOOD_TURN_MIN_S = 0.2
 #: position fixed, for the orders one edit away from the incumbent's; from ORDER_START_SHARE of the
 #: time limit on (the fast-network cases of the planner scaling page close before it) and while
 #: the gap is at least ORDER_MIN_GAP, at most ORDER_SHARE of the time so far, in slices of
-#: ORDER_SLICE_S between nodes, each order for at most ORDER_SOLVE_S
+#: ORDER_SLICE_S between nodes, each order for at most ORDER_SOLVE_S; after ORDER_PATIENCE orders in
+#: a row found no plan ORDER_MIN_GAIN better than the incumbent it waits for one from elsewhere (on
+#: "384 V100+A10G, MoE" a stream of 0.02-0.05% better plans kept it busy, and the time it took cost
+#: 0.2-0.4 s of bound; on "512 L4+A10G+V100, MoE" the 1.5% better plan came from the third order)
 ORDER_SEARCH = True
 ORDER_START_SHARE = 0.2
 ORDER_MIN_GAP = 0.02
@@ -82,6 +85,8 @@ ORDER_SLICE_S = 2.5
 ORDER_SOLVE_S = 2.5
 #: ... with periods at most this fraction above the incumbent's
 ORDER_PERIOD_SLACK = 0.02
+ORDER_PATIENCE = 8
+ORDER_MIN_GAIN = 0.002
 #: node selection: primal turns (``BranchAndBound.next_node``) back off after this many find nothing
 PRIMAL_IDLE_TURNS = 8
 PRIMAL_MAX_EVERY = 8
