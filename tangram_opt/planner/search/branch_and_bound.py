@@ -53,9 +53,9 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, IslandOrders, WindowSplits, W
     """One search: its sub-problems, queue of open nodes, incumbent and bounds, from roots to certificate.
 
     The leaf solves (leaves.py), primal heuristics (primal.py, and the island orders of patterns.py),
-    node splits (splitting.py) and
-    window bounds (window_bounds.py) are methods of this class kept in their own modules; what is
-    here is the tree: roots, node selection, the worker processes and the certificate.
+    node splits (splitting.py) and window bounds (window_bounds.py) are methods of this class kept
+    in their own modules; what is here is the tree: roots, node selection, the worker processes and
+    the certificate.
     """
 
     def __init__(self, ctx: PlanningContext, *, backend: str, time_limit_s: float, threads: int, seed: int,
