@@ -163,3 +163,45 @@ def test_order_turns_wait_for_a_new_incumbent_after_patience_runs_out(monkeypatc
     search.order_from_s = 2 * best_t
     search.order_turn()
     assert len(search.order_tried[2]) == 4
+
+
+def test_a_sequence_leaf_split_on_its_end_islands_keeps_every_plan_below_the_target():
+    # LeafSolves.end_islands fixes to 0 the types of an end island whose restricted LP reaches the
+    # target; the best plan of every window and stage count below the target must survive it, and
+    # the tightened model must still find it. With the target just below that plan it may close
+    # the leaf (nothing below the target), and on this instance it does on most
+    ctx = _mixed()
+    problem = ctx.problem(2)
+    types = enumerate_types(problem)
+    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                            on_progress=None, t0=time.perf_counter())
+    by_size: dict[int, list] = {}
+    for ps in _plans_by_order(problem).values():
+        for t, lam, plan in ps:
+            by_size.setdefault(len(plan), []).append((t, lam, plan))
+    checked = closed = 0
+    for P, plans in by_size.items():
+        sized = dataclasses.replace(problem, min_stages=P, max_stages=P)
+        for hi in sorted({lam for _, lam, _ in plans})[::3]:
+            best_t, _, best = min((p for p in plans if p[1] <= hi * (1 + 1e-12)), key=lambda p: p[0])
+            for target_over in (1.001, 0.999):  # the target just above the best plan, and just below
+                search.inc_s = best_t * target_over / (1 - search.gap)
+                tick = tick_for(max(best_t, problem.num_micro_batches * hi))
+                seq = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi).build()
+                kept = search.end_islands(seq)
+                if target_over < 1:
+                    closed += not kept
+                    continue
+                assert kept, (P, hi)
+                hint = seq.hint_from(list(best))
+                if hint is not None:  # its types are still allowed at both ends
+                    assert all(var.ub > 0 for var in (seq.model.vars[v.index] for v, val in hint.items()
+                                                      if val > 0.5 and v.integer))
+                res = solve_model(seq.model, "highs", SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9,
+                                                                   presolve=False))
+                assert res.status == SolveStatus.OPTIMAL
+                assert choices_timing(problem, seq.decode(res.values)).step_time_s == pytest.approx(best_t, rel=1e-6)
+                checked += 1
+    assert checked >= 5
+    assert closed >= 5  # with the target just below the best plan, the split alone closes leaves

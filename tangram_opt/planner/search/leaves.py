@@ -29,6 +29,7 @@ from tangram_opt.planner.formulations.ticks import rounding_ticks
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import Node
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.solvers.backends import lp_relaxation_bound
 from tangram_opt.solvers.model import lsum
 
 
@@ -161,6 +162,10 @@ class LeafSolves:
             sub.info["sequence_too_large"] = sub.info.get("sequence_too_large", 0) + 1
             self.solve_leaf(node)
             return
+        if node.tries >= tuning.SEQUENCE_END_ISLANDS_TRY and not self.end_islands(seq):
+            sub.info["end_island_closes"] = sub.info.get("end_island_closes", 0) + 1
+            self.close(node, self.target_s())
+            return
         for cand in ([self.inc[1]] if self.inc and self.inc[0] == sub.b else []) + (
                 [self.seeds[sub.b][1]] if sub.b in self.seeds else []):
             hint = seq.hint_from(cand)
@@ -174,6 +179,45 @@ class LeafSolves:
                                cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=heuristics)
         base = self.elapsed()
         self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res, heuristics))
+
+    def end_islands(self, seq: SequenceMIP) -> bool:
+        """Split a sequence leaf on the island of its first stage, then of its last: for each
+        island with types at that end, the LP relaxation with the end restricted to that island.
+        An island whose LP is infeasible or reaches the target's cutoff holds no plan below the
+        target at that end, and its types there are fixed to 0 in ``seq`` (a valid tightening of
+        the leaf). False when an end has no island left: the leaf holds no plan below the target.
+
+        The relaxation mixes islands at every position, a fraction of each (formulations/pipeline_mip.md
+        §5, twelfth round); with one island at an end it often has no solution at all. On the
+        leaves of "512 L4+A10G+V100, MoE" that came back unfinished after 5-10 s, the three LPs
+        of the first stage (about 0.1 s each) were all infeasible."""
+        md, cands = seq.model, seq.problem.candidates
+        cutoff = self.cutoff_ticks(seq)
+        for k in dict.fromkeys((0, seq.stages - 1)):
+            by_island: dict[int, list[int]] = {}
+            for v, t in zip(seq.x[k], seq.at[k]):
+                if md.vars[v.index].ub > 0:
+                    by_island.setdefault(cands[t.candidate].island, []).append(v.index)
+            if len(by_island) < 2:
+                continue  # one island: its LP is the leaf's own relaxation
+            kept = 0
+            for island, mine in by_island.items():
+                others = [j for i, cols in by_island.items() if i != island for j in cols]
+                saved = [md.vars[j] for j in others]
+                for j in others:
+                    md.set_upper_bound(j, 0.0)
+                # no reduced-cost fixing (cutoff=None): its fixings would hold under the restriction only
+                lp = lp_relaxation_bound(md, time_limit_s=max(0.1, min(tuning.END_ISLAND_LP_S, self.remaining())))
+                for j, var in zip(others, saved):
+                    md.vars[j] = var
+                if lp is not None and cutoff is not None and lp >= cutoff:
+                    for j in mine:
+                        md.set_upper_bound(j, 0.0)
+                else:
+                    kept += 1
+            if not kept:
+                return False
+        return True
 
     def heuristics_turn(self) -> bool:
         """Whether a sequence leaf far below the target gets HiGHS's sub-MIP heuristics: yes until
