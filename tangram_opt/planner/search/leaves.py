@@ -186,6 +186,7 @@ class LeafSolves:
         An island whose LP is infeasible or reaches the target's cutoff holds no plan below the
         target at that end, and its types there are fixed to 0 in ``seq`` (a valid tightening of
         the leaf). False when an end has no island left: the leaf holds no plan below the target.
+        The LPs share ``END_ISLANDS_S`` seconds; an island not tried in them stays.
 
         The relaxation mixes islands at every position, a fraction of each (formulations/pipeline_mip.md
         §5, twelfth round); with one island at an end it often has no solution at all. On the
@@ -193,6 +194,7 @@ class LeafSolves:
         of the first stage (about 0.1 s each) were all infeasible."""
         md, cands = seq.model, seq.problem.candidates
         cutoff = self.cutoff_ticks(seq)
+        deadline = time.perf_counter() + min(tuning.END_ISLANDS_S, max(0.0, self.remaining()))
         for k in dict.fromkeys((0, seq.stages - 1)):
             by_island: dict[int, list[int]] = {}
             for v, t in zip(seq.x[k], seq.at[k]):
@@ -202,12 +204,16 @@ class LeafSolves:
                 continue  # one island: its LP is the leaf's own relaxation
             kept = 0
             for island, mine in by_island.items():
+                left = deadline - time.perf_counter()
+                if left < 0.05:  # out of time: the islands not tried stay
+                    kept += 1
+                    continue
                 others = [j for i, cols in by_island.items() if i != island for j in cols]
                 saved = [md.vars[j] for j in others]
                 for j in others:
                     md.set_upper_bound(j, 0.0)
                 # no reduced-cost fixing (cutoff=None): its fixings would hold under the restriction only
-                lp = lp_relaxation_bound(md, time_limit_s=max(0.1, min(tuning.END_ISLAND_LP_S, self.remaining())))
+                lp = lp_relaxation_bound(md, time_limit_s=left)
                 for j, var in zip(others, saved):
                     md.vars[j] = var
                 if lp is not None and cutoff is not None and lp >= cutoff:
