@@ -211,9 +211,10 @@ def build_and_solve(p: PlacementProblem, *, backend: str, options: SolveOptions,
         m.set_hint(_hint(p, m, x, f, y, z, T, hint_holders, hint_served, integral, use_cross, lower_bound))
     if (late := out_of_time()) is not None:
         return late
-    # never a limit <= 0: HiGHS refuses it and keeps its default (none), CP-SAT calls the model invalid
-    res = solve_model(m, backend, replace(options, time_limit_s=max(0.01, min(options.time_limit_s,
-                                                                              deadline - time.perf_counter()))))
+    # a deadline passed meanwhile gives a negative limit, which the backends clamp (HiGHS and CP-SAT
+    # stop at once, CBC and OR-Tools' linear solvers run their shortest limit)
+    res = solve_model(m, backend, replace(options, time_limit_s=min(options.time_limit_s,
+                                                                    deadline - time.perf_counter())))
     bound = None
     if res.bound is not None and math.isfinite(res.bound):
         bound = (res.bound + offset) / scale
