@@ -216,7 +216,7 @@ class LeafSolves:
                 lp = lp_relaxation_bound(md, time_limit_s=left)
                 for j, var in zip(others, saved):
                     md.vars[j] = var
-                if lp is not None and cutoff is not None and lp >= cutoff:
+                if lp is not None and lp >= (cutoff if cutoff is not None else math.inf):  # inf: infeasible
                     for j in mine:
                         md.set_upper_bound(j, 0.0)
                 else:
