@@ -1,7 +1,8 @@
 """The island-order search (planner/search/patterns.py): its orders are exactly those one edit away
 from the incumbent's, its model is the sequence model restricted to one island per position (exact
 inside that order: the best plan of the order, by enumeration), and inside the search it offers
-that best plan."""
+that best plan. Dives visit every island order their LPs leave and find the best plan of their
+stage count, and leave their model as they found it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.branch_and_bound import BranchAndBound
 from tangram_opt.planner.search.nodes import SubProblem
-from tangram_opt.planner.search.patterns import neighbour_orders
+from tangram_opt.planner.search.patterns import Dive, dive_positions, neighbour_orders
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
@@ -205,3 +206,97 @@ def test_a_sequence_leaf_split_on_its_end_islands_keeps_every_plan_below_the_tar
                 checked += 1
     assert checked >= 5
     assert closed >= 5  # with the target just below the best plan, the split alone closes leaves
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(1, 40))
+def test_a_dive_fixes_every_position_once_ends_first(stages):
+    order = dive_positions(stages)
+    assert sorted(order) == list(range(stages))
+    assert order[0] == 0 and (stages == 1 or order[1] == stages - 1)
+    # inwards: every position fixed after both its outer neighbours' positions from its end
+    assert all(min(k, stages - 1 - k) <= min(j, stages - 1 - j) for a, k in enumerate(order) for j in order[a:])
+
+
+def _search(ctx: PlanningContext, **kw) -> BranchAndBound:
+    return BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                          formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                          on_progress=None, t0=time.perf_counter() - 1.0, **kw)
+
+
+def test_a_dive_finds_the_best_plan_of_its_stage_count_and_leaves_its_model_as_it_was():
+    # against the worst plan as cutoff nothing better is pruned: the dive visits every island
+    # order with a plan below it, and the best of its leaves is the best plan of that many stages
+    problem = _mixed().problem(2)
+    plans = [p for ps in _plans_by_order(problem).values() for p in ps]
+    worst_t = max(t for t, _, _ in plans)
+    m = problem.num_micro_batches
+    for P in sorted({len(plan) for _, _, plan in plans}):
+        best_t = min(t for t, _, plan in plans if len(plan) == P)
+        orders = {tuple(problem.candidates[st.candidate].island for st in plan) for t, _, plan in plans
+                  if len(plan) == P and t < worst_t}
+        sized = dataclasses.replace(problem, min_stages=P, max_stages=P)
+        tick = tick_for(worst_t)
+        hi = worst_t / (m - 1)
+        seq = SequenceMIP(sized, FormulationOptions(tick_s=tick, cutoff_s=worst_t), enumerate_types(problem, worst_t),
+                          P, 0.0, hi).build()
+        before = list(seq.model.vars)
+        found: list[float] = []
+        leaves: set[tuple[int, ...]] = set()
+        cutoff = worst_t / tick + rounding_ticks(m)
+
+        def solve(limit_s: float):
+            return solve_model(seq.model, "highs", SolveOptions(time_limit_s=limit_s, threads=1, rel_gap=1e-9,
+                                                                 presolve=False, cutoff=cutoff))
+
+        def keep(res) -> None:
+            leaves.add(tuple(next(problem.candidates[t.candidate].island for v, t in zip(seq.x[k], seq.at[k])
+                                  if seq.model.vars[v.index].ub > 0) for k in range(P)))
+            if res.values is not None:
+                found.append(choices_timing(problem, seq.decode(res.values)).step_time_s)
+
+        dive = Dive(seq, lambda: cutoff, lambda: 30.0, solve, keep)
+        steps = 0
+        while dive.step():
+            steps += 1
+        assert dive.done and not dive.step()
+        assert seq.model.vars == before  # every bound put back
+        assert orders <= leaves  # every order with a plan below the cutoff reached a leaf
+        assert min(found) == pytest.approx(best_t, rel=1e-6), P
+        assert steps == dive.lps + dive.leaves
+
+
+def test_once_the_orders_are_used_up_the_turns_dive_and_find_the_best_plan(monkeypatch):
+    # from the worst plan, with the orders' patience used up (and never renewed: patience 0),
+    # the turns go to dives (when they have patience left), which reach the best multi-stage plan
+    # of the instance
+    ctx = _mixed()
+    problem = ctx.problem(2)
+    plans = [p for ps in _plans_by_order(problem).values() for p in ps]
+    worst_t, _, worst = max(plans, key=lambda p: p[0])
+    best_t = min(t for t, _, _ in plans)
+    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
+    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
+    monkeypatch.setattr(tuning, "DIVE_LEAF_S", 30.0)
+    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 0)
+    search = _search(ctx)
+    sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
+    sub.types = enumerate_types(problem, worst_t)
+    search.offer(2, list(worst), worst_t)
+    monkeypatch.setattr(tuning, "DIVE_PATIENCE_S", 0.0)
+    search.order_turn()  # no patience: no dive either
+    assert not search.dived and not search.order_tried.get(2)
+    monkeypatch.setattr(tuning, "DIVE_PATIENCE_S", 1e9)
+    search.order_turn()
+    assert search.order_tried.get(2, set()) == set()  # no order was tried
+    assert search.dived and {k for k, _ in search.dived} == {2}
+    assert search.inc_s < worst_t  # the slice ends at the first better plan
+    for _ in range(40):
+        search.order_turn()
+        if not search.dives and search.dived >= set(search.dive_keys()):
+            break
+    assert search.order_tried.get(2, set()) == set()
+    assert search.inc_s == pytest.approx(best_t, rel=1e-6)
+    assert sub.info["dive_leaves"] >= 1 and not search.dives  # every dive started ran to its end

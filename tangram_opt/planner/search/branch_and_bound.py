@@ -107,6 +107,11 @@ class BranchAndBound(LeafSolves, PrimalHeuristics, IslandOrders, WindowSplits, W
         self.order_tried: dict[int, set[tuple[int, ...]]] = {}
         self.order_misses = 0
         self.order_from_s = math.inf
+        #: dives running in turns, the (size, stage count) pairs started, and the seconds of dives
+        #: since the incumbent last improved by ORDER_MIN_GAIN (patterns.py)
+        self.dives: list[Any] = []
+        self.dived: set[tuple[int, int]] = set()
+        self.dive_idle_s = 0.0
         #: sequence leaves solved with HiGHS's heuristics in a row that found no better plan, and
         #: eligible leaves skipped since the last one (``LeafSolves.heuristics_turn``)
         self.heuristic_misses = self.heuristic_skips = 0
