@@ -37,8 +37,9 @@ from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
 from tangram_opt.planner.formulations.ticks import rounding_ticks
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import SubProblem
-from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.solvers import SolveOptions, SolveResult, SolveStatus, solve_model
 from tangram_opt.solvers.backends import lp_relaxation_bound
+from tangram_opt.solvers.model import Var
 
 Order = tuple[int, ...]
 
@@ -88,7 +89,7 @@ def dive_positions(stages: int) -> list[int]:
 class Dive:
     """A resumable depth-first search over the island of every position of one sequence model.
 
-    ``steps()`` yields after each LP or leaf solve, so a caller can spend it in slices. At a node
+    ``step()`` runs one LP or leaf solve, so a caller can spend a dive in slices. At a node
     the next position (:func:`dive_positions`) is restricted to each of its islands in turn, the
     LP relaxation solved, islands whose LP reaches ``cutoff()`` (the model's objective a plan must
     beat, read anew at every step) dropped, and the rest visited in the order of their LPs. With
@@ -98,7 +99,7 @@ class Dive:
     short by its time limit is left behind."""
 
     def __init__(self, seq: SequenceMIP, cutoff: Callable[[], float], leaf_s: Callable[[], float],
-                 solve: Callable[[float], object], found: Callable[[object], None]):
+                 solve: Callable[[float], SolveResult], found: Callable[[SolveResult], None]):
         self.seq, self.cutoff, self.leaf_s, self.solve, self.found = seq, cutoff, leaf_s, solve, found
         md, cands = seq.model, seq.problem.candidates
         #: per position, island -> its columns still allowed
@@ -109,6 +110,7 @@ class Dive:
                 if md.vars[v.index].ub > 0:
                     by_island.setdefault(cands[t.candidate].island, []).append(v.index)
             self.columns.append(by_island)
+        self.positions = dive_positions(seq.stages)
         self.lps = self.leaves = 0
         self._steps = self._visit(0)
         self.done = False
@@ -119,7 +121,7 @@ class Dive:
             self.done = next(self._steps, True) is True
         return not self.done
 
-    def _restricted(self, k: int, island: int) -> list:
+    def _restricted(self, k: int, island: int) -> list[tuple[int, Var]]:
         """Restrict position ``k`` to ``island``: its other columns to 0; returns what to restore."""
         md = self.seq.model
         saved = [(j, md.vars[j]) for i, cols in self.columns[k].items() if i != island for j in cols]
@@ -127,18 +129,17 @@ class Dive:
             md.set_upper_bound(j, 0.0)
         return saved
 
-    def _restore(self, saved: list) -> None:
+    def _restore(self, saved: list[tuple[int, Var]]) -> None:
         for j, var in saved:
             self.seq.model.vars[j] = var
 
     def _visit(self, depth: int) -> Iterator[bool]:
-        order = dive_positions(self.seq.stages)
-        if depth == len(order):
+        if depth == len(self.positions):
             self.leaves += 1
             self.found(self.solve(self.leaf_s()))
             yield False
             return
-        k = order[depth]
+        k = self.positions[depth]
         kids: list[tuple[float, int]] = []
         islands = list(self.columns[k])
         for island in islands:
@@ -275,14 +276,14 @@ class IslandOrders:
         def cutoff() -> float:  # a plan better than the incumbent has a model objective below this
             return self.inc_s / tick + rounding_ticks(m)
 
-        def solve(limit_s: float) -> object:
+        def solve(limit_s: float) -> SolveResult:
             return solve_model(seq.model, self.backend, SolveOptions(time_limit_s=limit_s, threads=1, seed=self.seed,
                                                                      presolve=False, cutoff=cutoff()))
 
-        def found(res: object) -> None:
+        def found(res: SolveResult) -> None:
             sub.info["dive_leaves"] = sub.info.get("dive_leaves", 0) + 1
-            if res.values is not None and res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):  # type: ignore[attr-defined]
-                choices = seq.decode(res.values)  # type: ignore[attr-defined]
+            if res.values is not None and res.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
+                choices = seq.decode(res.values)
                 before = self.inc_s
                 self.offer(b, choices, choices_timing(sub.problem, choices).step_time_s)
                 if self.inc_s < before:
