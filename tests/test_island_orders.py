@@ -214,7 +214,7 @@ def test_a_dive_fixes_every_position_once_ends_first(stages):
     order = dive_positions(stages)
     assert sorted(order) == list(range(stages))
     assert order[0] == 0 and (stages == 1 or order[1] == stages - 1)
-    # inwards: every position fixed after both its outer neighbours' positions from its end
+    # inwards: in the order of their distance from the nearer end
     assert all(min(k, stages - 1 - k) <= min(j, stages - 1 - j) for a, k in enumerate(order) for j in order[a:])
 
 
