@@ -575,3 +575,18 @@ def test_a_time_limit_already_passed_stops_the_solve_instead_of_lifting_it(backe
     assert res.status != SolveStatus.ERROR
     if backend == "highs":
         assert limits == [0.0]  # a limit HiGHS takes: stop at once
+
+
+def test_zeroed_fixes_columns_to_zero_inside_its_block_and_puts_their_bounds_back():
+    md = LinearModel()
+    x = md.add_var("x", 0, 5, integer=True)
+    y = md.add_var("y", 0, 7)
+    md.set_upper_bound(x.index, 3)
+    before = list(md.vars)
+    with md.zeroed([x.index]):
+        assert md.vars[x.index].ub == 0 and md.vars[y.index].ub == 7
+    assert md.vars == before  # back to 3, not to 5: the tightening before the block stays
+    with pytest.raises(RuntimeError), md.zeroed(iter([x.index, y.index])):
+        assert md.vars[y.index].ub == 0
+        raise RuntimeError
+    assert md.vars == before

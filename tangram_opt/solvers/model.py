@@ -9,7 +9,8 @@ independently of the solver that produced it (:meth:`LinearModel.check`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -231,6 +232,19 @@ class LinearModel:
 
         v = self.vars[index]
         self.vars[index] = replace(v, ub=min(v.ub, float(ub)))
+
+    @contextmanager
+    def zeroed(self, indices: Iterable[int]) -> Iterator[None]:
+        """Inside the ``with`` block the variables ``indices`` are fixed to 0 (their upper bounds);
+        after it their bounds are as before (``set_upper_bound`` only tightens)."""
+        saved = [(j, self.vars[j]) for j in indices]
+        for j, _ in saved:
+            self.set_upper_bound(j, 0.0)
+        try:
+            yield
+        finally:
+            for j, var in saved:
+                self.vars[j] = var
 
     def minimize(self, expr: object) -> None:
         self.objective = LinExpr.of(expr)

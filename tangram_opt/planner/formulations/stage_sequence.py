@@ -286,6 +286,15 @@ class SequenceMIP:
         cands, island = self.problem.candidates, self.islands[k]
         return [t for t in types if cands[t.candidate].island == island]
 
+    def island_columns(self, k: int) -> dict[int, list[int]]:
+        """Position ``k``'s columns not fixed to 0, by island (the column indices in the model)."""
+        cands, md = self.problem.candidates, self.model
+        out: dict[int, list[int]] = {}
+        for v, t in zip(self.x[k], self.at[k]):
+            if md.vars[v.index].ub > 0:
+                out.setdefault(cands[t.candidate].island, []).append(v.index)
+        return out
+
     # --- solutions -----------------------------------------------------------------------
     def decode(self, values: Sequence[float]) -> list[StageChoice]:
         """The plan of a solution, in pipeline order."""

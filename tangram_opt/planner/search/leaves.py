@@ -192,14 +192,11 @@ class LeafSolves:
         §5, twelfth round); with one island at an end it often has no solution at all. On the
         leaves of "512 L4+A10G+V100, MoE" that came back unfinished after 5-10 s, the three LPs
         of the first stage (about 0.1 s each) were all infeasible."""
-        md, cands = seq.model, seq.problem.candidates
+        md = seq.model
         cutoff = self.cutoff_ticks(seq)
         deadline = time.perf_counter() + min(tuning.END_ISLANDS_S, max(0.0, self.remaining()))
         for k in dict.fromkeys((0, seq.stages - 1)):
-            by_island: dict[int, list[int]] = {}
-            for v, t in zip(seq.x[k], seq.at[k]):
-                if md.vars[v.index].ub > 0:
-                    by_island.setdefault(cands[t.candidate].island, []).append(v.index)
+            by_island = seq.island_columns(k)
             if len(by_island) < 2:
                 continue  # one island: its LP is the leaf's own relaxation
             kept = 0
@@ -208,14 +205,9 @@ class LeafSolves:
                 if left < 0.05:  # out of time: the islands not tried stay
                     kept += 1
                     continue
-                others = [j for i, cols in by_island.items() if i != island for j in cols]
-                saved = [md.vars[j] for j in others]
-                for j in others:
-                    md.set_upper_bound(j, 0.0)
                 # no reduced-cost fixing (cutoff=None): its fixings would hold under the restriction only
-                lp = lp_relaxation_bound(md, time_limit_s=left)
-                for j, var in zip(others, saved):
-                    md.vars[j] = var
+                with md.zeroed(j for i, cols in by_island.items() if i != island for j in cols):
+                    lp = lp_relaxation_bound(md, time_limit_s=left)
                 if lp is not None and lp >= (cutoff if cutoff is not None else math.inf):  # inf: infeasible
                     for j in mine:
                         md.set_upper_bound(j, 0.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from tangram_opt.planner.formulations.bounds import fluid_bottleneck_s
 from tangram_opt.planner.formulations.problem import PipelineProblem, choices_timing
@@ -39,7 +40,6 @@ from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import SubProblem
 from tangram_opt.solvers import SolveOptions, SolveResult, SolveStatus, solve_model
 from tangram_opt.solvers.backends import lp_relaxation_bound
-from tangram_opt.solvers.model import Var
 
 Order = tuple[int, ...]
 
@@ -101,15 +101,8 @@ class Dive:
     def __init__(self, seq: SequenceMIP, cutoff: Callable[[], float], leaf_s: Callable[[], float],
                  solve: Callable[[float], SolveResult], found: Callable[[SolveResult], None]):
         self.seq, self.cutoff, self.leaf_s, self.solve, self.found = seq, cutoff, leaf_s, solve, found
-        md, cands = seq.model, seq.problem.candidates
         #: per position, island -> its columns still allowed
-        self.columns: list[dict[int, list[int]]] = []
-        for k in range(seq.stages):
-            by_island: dict[int, list[int]] = {}
-            for v, t in zip(seq.x[k], seq.at[k]):
-                if md.vars[v.index].ub > 0:
-                    by_island.setdefault(cands[t.candidate].island, []).append(v.index)
-            self.columns.append(by_island)
+        self.columns = [seq.island_columns(k) for k in range(seq.stages)]
         self.positions = dive_positions(seq.stages)
         self.lps = self.leaves = 0
         self._steps = self._visit(0)
@@ -121,17 +114,9 @@ class Dive:
             self.done = next(self._steps, True) is True
         return not self.done
 
-    def _restricted(self, k: int, island: int) -> list[tuple[int, Var]]:
-        """Restrict position ``k`` to ``island``: its other columns to 0; returns what to restore."""
-        md = self.seq.model
-        saved = [(j, md.vars[j]) for i, cols in self.columns[k].items() if i != island for j in cols]
-        for j, _ in saved:
-            md.set_upper_bound(j, 0.0)
-        return saved
-
-    def _restore(self, saved: list[tuple[int, Var]]) -> None:
-        for j, var in saved:
-            self.seq.model.vars[j] = var
+    def _only(self, k: int, island: int) -> AbstractContextManager[None]:
+        """Position ``k`` restricted to ``island`` (its other columns at 0) inside a ``with`` block."""
+        return self.seq.model.zeroed(j for i, cols in self.columns[k].items() if i != island for j in cols)
 
     def _visit(self, depth: int) -> Iterator[bool]:
         if depth == len(self.positions):
@@ -146,9 +131,8 @@ class Dive:
             if len(islands) == 1:
                 kids.append((-math.inf, island))
                 break
-            saved = self._restricted(k, island)
-            lp = lp_relaxation_bound(self.seq.model, time_limit_s=max(0.05, self.leaf_s()))
-            self._restore(saved)
+            with self._only(k, island):
+                lp = lp_relaxation_bound(self.seq.model, time_limit_s=max(0.05, self.leaf_s()))
             self.lps += 1
             if lp is None or lp < self.cutoff():
                 kids.append((-math.inf if lp is None else lp, island))
@@ -156,9 +140,8 @@ class Dive:
         for lp, island in sorted(kids):
             if lp >= self.cutoff():  # the incumbent improved since
                 continue
-            saved = self._restricted(k, island)
-            yield from self._visit(depth + 1)
-            self._restore(saved)
+            with self._only(k, island):
+                yield from self._visit(depth + 1)
 
 
 class IslandOrders:
