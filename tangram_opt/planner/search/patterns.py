@@ -201,8 +201,10 @@ class IslandOrders:
         ``DIVE_SUBS`` sub-problems with the lowest bounds below the target, each at the stage count
         of its best plan (of the incumbent's when it has none), then one more, one less, two more;
         every size at one offset before any at the next."""
-        subs = sorted((s for s in self.subs.values() if s.types is not None and s.problem.max_stages >= 2
-                       and not self.pruned(self.sub_bound(s))), key=self.sub_bound)[:tuning.DIVE_SUBS]
+        bounds = {s.b: self.sub_bound(s) for s in self.subs.values()
+                  if s.types is not None and s.problem.max_stages >= 2}  # each walks the open nodes
+        subs = sorted((self.subs[b] for b, bound in bounds.items() if not self.pruned(bound)),
+                      key=lambda s: bounds[s.b])[:tuning.DIVE_SUBS]
         assert self.inc is not None
         keys: list[tuple[int, int]] = []
         for offset in (0, 1, -1, 2):
