@@ -164,6 +164,12 @@ class HighsBackend(Backend):
         ms = h.getModelStatus()
         info = h.getInfo()
         has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        if relax and ms == highspy.HighsModelStatus.kOptimal and info.dual_solution_status == 2:
+            # HiGHS can call an LP optimal whose primal point misses its tolerance after unscaling
+            # (5e-6 on a window LP of 10^8 ticks): its dual point is feasible, so the objective
+            # is still the relaxation's bound, which the search would otherwise lose to the
+            # window's weaker quick bound
+            has_sol = True
         if ms == highspy.HighsModelStatus.kInfeasible:
             return SolveResult(status=SolveStatus.INFEASIBLE, backend=self.name, solve_time_s=elapsed)
         if has_sol:
