@@ -246,6 +246,10 @@ class AggregatedMIP(OrderRows):
             yi = self.aux[f"on[{i}]"] = md.add_binary(f"on[{i}]")
             md.add(on_island[i] <= R * yi, f"on_def[{i}]")
             md.add(yi <= on_island[i], f"on_def2[{i}]")
+            # the island's GPUs in use say it is used: the stage count alone (on_def) lets the LP
+            # hold on[i] near n_i / R on an island whose every GPU it uses, which leaves the
+            # connectivity rows below empty (formulations/pipeline_mip.md §5, fourteenth round)
+            md.add(gpus_on[i] <= p.island_gpus[i] * yi, f"on_gpus[{i}]")
             md.add(self.a[i, i] <= on_island[i] - yi, f"inner[{i}]")
         # connectivity: the stages form one path, so every split of the used islands into two
         # groups is crossed by at least one boundary (subtour elimination at island level)
