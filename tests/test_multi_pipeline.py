@@ -525,6 +525,47 @@ def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, i
     assert cut.status == "nothing better than the cutoff" and cut.bound_s == cutoff
 
 
+def test_a_level2_mip_that_cannot_raise_the_certificates_bound_gets_the_share_its_plan_can_gain(monkeypatch,
+                                                                                                    instance):
+    """With ``floor_s`` (the single-pipeline level's bound) at or below its LP bound, the level-2 MIP
+    can only find a better plan, down to that LP bound: it gets the share (cutoff - LP) / (cutoff -
+    floor) of the time left, at least PRIMAL_ONLY_MIN_S; with the floor above the LP bound it gets
+    all of it. Either way its answer stays valid against the brute force."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+    full = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax,
+                        backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+    lp_s = full.info["lp_bound_s"] - full.info["tick_s"]  # the bound solve_level2 takes from its LP
+    limits: list[float] = []
+    real = l2.solve_model
+
+    def grab(md, backend, opts):
+        limits.append(opts.time_limit_s)
+        return real(md, backend, opts)
+
+    monkeypatch.setattr(l2, "solve_model", grab)
+    monkeypatch.setattr(l2, "solve_by_deadline", lambda md, backend, opts, hard_s: grab(md, backend, opts))
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: None)
+    cutoff = best.objective_s * 1.5  # the optimum and more lie below it
+    for floor in (lp_s * 0.5, None, cutoff * 0.99):
+        limits.clear()
+        lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=cutoff, max_pipelines=rmax, backend=BACKENDS[0],
+                          time_limit_s=60, rel_gap=1e-9, floor_s=floor)
+        assert len(limits) == 1
+        own_lp_s = lv.info["lp_bound_s"] - lv.info["tick_s"]  # with this cutoff
+        if floor is not None and own_lp_s >= floor:
+            share = (cutoff - own_lp_s) / (cutoff - floor)
+            assert share < 0.9
+            # of the time left after building and the LPs (somewhere in 50-60 s here)
+            assert max(l2.PRIMAL_ONLY_MIN_S, share * 50) <= limits[0] <= max(l2.PRIMAL_ONLY_MIN_S, share * 60)
+        else:
+            assert floor is None or floor > own_lp_s
+            assert limits[0] > 50  # all the time left
+        assert lv.bound_s <= best.objective_s * (1 + 1e-12)
+        assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)  # small instances: solved anyway
+
+
 def test_a_large_level2_mip_runs_in_a_worker_under_a_hard_deadline_and_finds_the_same_plan(monkeypatch, tiny):
     # HiGHS's presolve does not stop at the time limit, so a large level-2 MIP is solved in a worker
     # process stopped shortly after it (level2.DEADLINE_NONZEROS); here every model counts as large

@@ -101,7 +101,8 @@ def run_multi_pipeline(ctx: PlanningContext, single: Plan, *, solver: SinglePipe
     # keep a little of the budget for assembling and evaluating the plans
     remaining = max(0.5, 0.97 * time_limit_s - (time.perf_counter() - t0))
     level2 = solve_level2(ctx, templates, pricer, cutoff_s=cert.objective_s, max_pipelines=opts.max_pipelines,
-                          backend=backend, time_limit_s=remaining, threads=threads, seed=seed, rel_gap=rel_gap)
+                          backend=backend, time_limit_s=remaining, threads=threads, seed=seed, rel_gap=rel_gap,
+                          floor_s=cert.bound_s)
     run = MultiPipelineRun(templates=templates, level2=level2, pricer=pricer, log=log)
     return combine_levels(ctx, single, run, opts, t0=t0, backend=backend, rel_gap=rel_gap), run
 

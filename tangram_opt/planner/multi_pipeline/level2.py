@@ -67,6 +67,12 @@ DEADLINE_GRACE_S = 1.0
 #: "optimal" means a gap within the solver's tolerance or this resolution (three level-2 ticks; the
 #: level-2 MIP counts time in ticks of about cutoff / LEVEL2_TICKS, ticks.py)
 OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
+#: least time of a level-2 MIP that can only improve the plan: its LP bound is at or above the
+#: single-pipeline level's bound (``floor_s``), which then limits the certificate whatever the MIP
+#: proves. It gets the share of the time left that its possible gain on the plan (cutoff - LP
+#: bound) is of the whole gap (cutoff - floor), at least this; the rest goes back to the
+#: single-pipeline search (formulations/pipeline_mip.md §5, fourteenth round)
+PRIMAL_ONLY_MIN_S = 1.0
 
 
 def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> float:
@@ -96,13 +102,16 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> flo
 
 def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
                  max_pipelines: int, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
-                 rel_gap: float = 1e-4, strengthen: bool = True) -> Level2Result:
+                 rel_gap: float = 1e-4, strengthen: bool = True, floor_s: float | None = None) -> Level2Result:
     """Choose replica counts of (template, micro-batch count) pairs; see formulations/multi_pipeline.md.
 
     Only plans with 2..``max_pipelines`` pipelines and objective below ``cutoff_s`` are searched
     (pairs that cannot be part of one are left out, which keeps the bound valid: it is capped at
     the cutoff). ``strengthen=False`` leaves out the issue-27 strengthenings (the constant lower
-    bounds of ``Rho`` and ``Opt`` and the branched LP bound), for comparisons.
+    bounds of ``Rho`` and ``Opt`` and the branched LP bound), for comparisons. ``floor_s``: a bound
+    the certificate has anyway (the single-pipeline level's); a MIP whose LP bound is at or above
+    it can only find a better plan, and gets a share of the time by what that can gain
+    (``PRIMAL_ONLY_MIN_S``), returning early.
     """
     t0 = time.perf_counter()
     B = ctx.training.global_batch_size
@@ -261,6 +270,10 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             hinted = True
     st = md.stats()
     left = max(0.5, time_limit_s - (time.perf_counter() - t0))  # building, the greedy and the LP took their share
+    if floor_s is not None and lp_ticks is not None and floor_s < cut and (lp_ticks - 1) * tick >= floor_s:
+        # its bound cannot raise the certificate's: the MIP is for a better plan only
+        gain = max(0.0, cut - (lp_ticks - 1) * tick) / (cut - floor_s)
+        left = min(left, max(PRIMAL_ONLY_MIN_S, gain * left))
     mip_options = SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap)
     if st.nonzeros > DEADLINE_NONZEROS:
         res = solve_by_deadline(md, backend, mip_options, hard_s=left + DEADLINE_GRACE_S)
