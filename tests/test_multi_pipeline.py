@@ -24,7 +24,7 @@ from tangram_opt.planner.search import SearchOptions, solve, solve_single_pipeli
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.export import identical_pipelines
 from tangram_opt.sim import cross_pipeline_allreduce, simulate, validate
-from tangram_opt.solvers import available_backends
+from tangram_opt.solvers import available_backends, relative_gap
 from tangram_opt.solvers.workers import solve_by_deadline
 from tangram_opt.specs import TrainingSpec, load_cluster, load_model, make_cluster
 
@@ -525,6 +525,30 @@ def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, i
     assert cut.status == "nothing better than the cutoff" and cut.bound_s == cutoff
 
 
+def test_level2_stops_at_the_lp_when_the_warm_start_meets_its_bound(monkeypatch, instance):
+    """Given the brute-force optimum as its warm start, level 2 runs no MIP once its LP bound (less
+    a tick) is within the optimality resolution of it: the plan is the warm start's, certified by
+    the LP bound. Where the LP stays further below, the MIP runs as before."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+    ran: list[str] = []
+    real = l2.solve_model
+    monkeypatch.setattr(l2, "solve_model", lambda *a, **k: (ran.append("mip"), real(*a, **k))[1])
+    monkeypatch.setattr(l2, "solve_by_deadline", lambda md, b, o, hard_s: (ran.append("mip"), real(md, b, o))[1])
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: (best.objective_s, list(best.pipes)))
+    lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=best.objective_s * 2, max_pipelines=rmax,
+                      backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+    lp_s = lv.info["lp_bound_s"] - lv.info["tick_s"]
+    assert lp_s <= best.objective_s * (1 + 1e-12) and lv.bound_s <= best.objective_s * (1 + 1e-12)
+    assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+    if relative_gap(best.objective_s, lp_s) <= l2.OPTIMAL_RESOLUTION:
+        assert ran == [] and lv.status == "optimal" and lv.bound_s == pytest.approx(lp_s, rel=1e-12)
+        assert lv.info["solver_status"] == "not run (LP bound within the resolution of the warm start)"
+    else:
+        assert ran == ["mip"]
+
+
 def test_a_level2_mip_that_cannot_raise_the_certificates_bound_gets_the_share_its_plan_can_gain(monkeypatch,
                                                                                                     instance):
     """With ``floor_s`` (the single-pipeline level's bound) at or below its LP bound, the level-2 MIP
@@ -580,10 +604,13 @@ def test_a_large_level2_mip_runs_in_a_worker_under_a_hard_deadline_and_finds_the
 
     monkeypatch.setattr(l2, "DEADLINE_NONZEROS", 0)
     monkeypatch.setattr(l2, "solve_by_deadline", recording)
+    # no warm start: the greedy's plan meets this instance's LP bound, and the MIP would not run
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: None)
     lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=math.inf, max_pipelines=rmax, backend=BACKENDS[0],
                       time_limit_s=60, rel_gap=1e-9)
     assert len(sent) == 1 and sent[0][1] == pytest.approx(sent[0][0] + l2.DEADLINE_GRACE_S)
-    assert lv.status == "optimal" and lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+    assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+    assert lv.bound_s <= best.objective_s * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("per_pair", [1e-4, 1e3])

@@ -209,6 +209,35 @@ def test_an_lp_whose_warm_start_fails_is_solved_again_cold(monkeypatch):
     assert starts == [True, False]
 
 
+def test_an_lp_with_presolve_starts_cold_and_has_the_same_bound(monkeypatch):
+    # lp_relaxation_bound(presolve=True) (the level-2 zone-pattern LPs) runs HiGHS's presolve, which
+    # a warm basis would skip: it starts cold, whatever basis the model holds, and bounds alike
+    import math
+    import random
+
+    highspy = pytest.importorskip("highspy")
+    from tangram_opt.solvers import lp_relaxation_bound
+
+    rng = random.Random(7)
+    warm_starts: list[int] = []
+    set_basis = highspy.Highs.setBasis
+    monkeypatch.setattr(highspy.Highs, "setBasis", lambda self, *a: (warm_starts.append(1), set_basis(self, *a))[1])
+    for _ in range(20):
+        md = LinearModel()
+        xs = [md.add_var(f"x{i}", 0, rng.randint(1, 9), integer=rng.random() < 0.7) for i in range(8)]
+        for r in range(6):
+            md.add(lsum(rng.randint(0, 5) * x for x in xs) >= rng.uniform(1, 20), f"cover[{r}]")
+        md.minimize(lsum(rng.uniform(0.5, 4) * x for x in xs))
+        plain = lp_relaxation_bound(md)  # leaves its basis in the model
+        assert math.isinf(plain) or "basis" in md.lp_cache
+        warm_starts.clear()
+        assert lp_relaxation_bound(md, presolve=True) == pytest.approx(plain, rel=1e-9, abs=1e-9)
+        assert warm_starts == []
+        if not math.isinf(plain):
+            assert lp_relaxation_bound(md) == pytest.approx(plain, rel=1e-9, abs=1e-9)
+            assert warm_starts == [1]  # without presolve the basis is used
+
+
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cp-sat"])  # continuous variables
 def test_free_and_one_sided_variables_and_an_empty_row(backend):
     # infinite bounds go to the solvers as they are (HiGHS takes them as its infinity)

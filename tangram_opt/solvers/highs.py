@@ -13,7 +13,8 @@ from tangram_opt.solvers.protocol import (Backend, SolveOptions, SolveResult, So
                                           optimal_bound)
 
 
-#: HiGHS presolve for LP relaxations ("off": see the comment in HighsBackend.solve)
+#: HiGHS presolve for LP relaxations unless ``SolveOptions.presolve`` asks for it, which
+#: ``lp_relaxation_bound(..., presolve=True)`` does ("off": see the comment in HighsBackend.solve)
 LP_PRESOLVE = "off"
 
 
@@ -121,7 +122,8 @@ class HighsBackend(Backend):
                              row_lb, row_ub, start[:-1], index, value, integrality)
         if passed == highspy.HighsStatus.kError:
             return SolveResult(status=SolveStatus.ERROR, backend=self.name, message="HiGHS rejected the model")
-        basis = model.lp_cache.get("basis") if relax else None
+        # a basis skips HiGHS's presolve: an LP solved with it starts cold
+        basis = model.lp_cache.get("basis") if relax and not options.presolve else None
         if basis is not None and len(basis[0]) == n and len(basis[1]) <= m:
             # the last optimal basis of this model or of the model it was forked from (the same
             # columns, a prefix of the rows; the new rows' slacks enter basic): a window's child LP
@@ -149,7 +151,7 @@ class HighsBackend(Backend):
             # the search's window relaxations are small and already tight in their bounds; HiGHS's
             # presolve cost more than it saved on them (six b = 8 windows of the 512-GPU
             # Llama-3-70B scaling case: 1.59 s -> 1.23 s, same optima)
-            h.setOptionValue("presolve", LP_PRESOLVE)
+            h.setOptionValue("presolve", "on" if options.presolve else LP_PRESOLVE)
         traj = Trajectory(options)
         h.cbMipImprovingSolution.subscribe(lambda e: traj.record(
             e.data_out.objective_function_value, e.data_out.mip_dual_bound, e.data_out.running_time))

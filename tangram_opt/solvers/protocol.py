@@ -63,7 +63,8 @@ class SolveOptions:
     cutoff: float | None = None
     use_hint: bool = True
     #: HiGHS: run its MIP presolve (the search's sequence models solve about twice as fast
-    #: without it); the other backends keep their own default
+    #: without it), or with ``relax=True`` its LP presolve from a cold start (``lp_relaxation_bound``
+    #: asks for it only where it pays); the other backends keep their own default
     presolve: bool = True
     #: HiGHS: run its primal heuristics that solve sub-MIPs or walk the root (RENS, RINS, root
     #: reduced cost, feasibility jump). Leaves that mostly prove nothing beats the cutoff solve

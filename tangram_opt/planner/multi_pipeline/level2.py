@@ -233,15 +233,28 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     lp_ticks = math.ceil(lp - 1e-6 * max(1.0, abs(lp))) if lp is not None and math.isfinite(lp) else None
     branched = None
 
-    def beyond_cutoff() -> Level2Result | None:
+    def beyond_cutoff(close_ok: bool = False) -> Level2Result | None:
         """Every plan of the model is at least (LP - 1 tick) exactly: when that is no better than the
         cutoff, the MIP (and more LPs) could only prove what the LP already has (on "384 V100+A10G,
-        MoE" of the communication-bound family the MIP ran out its 10 s to say so)."""
-        if lp_ticks is None or (lp_ticks - 1) * tick < cut:
+        MoE" of the communication-bound family the MIP ran out its 10 s to say so). Likewise when
+        the warm start lies within the optimality resolution of it, once the LPs are done
+        (``close_ok``; issue 27's "128 A100, 2 zones 5 ms": the branched LP meets the warm start to
+        4e-7, and the MIP ran 6 s to find nothing)."""
+        if lp_ticks is None:
+            return None
+        lp_s = (lp_ticks - 1) * tick
+        close = close_ok and warm is not None and relative_gap(warm[0], lp_s) <= max(rel_gap, OPTIMAL_RESOLUTION)
+        if lp_s < cut and not close:
             return None
         info = {"root_lp_bound_s": lp * tick if lp is not None else None,
                 "branched_lp_bound_s": None if branched is None else branched * tick,
-                "lp_bound_s": lp_ticks * tick, "solver_status": "not run (LP bound at the cutoff)"}
+                "lp_bound_s": lp_ticks * tick, "tick_s": tick, "solver_status": "not run (LP bound at the cutoff)"}
+        if lp_s < cut:
+            assert warm is not None
+            info["solver_status"] = "not run (LP bound within the resolution of the warm start)"
+            info["warm_start_s"] = warm[0]
+            return Level2Result(status="optimal", pipes=warm[1], objective_s=warm[0], bound_s=lp_s, pairs=len(pairs),
+                                templates=len(templates), solve_time_s=time.perf_counter() - t0, info=info)
         return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, info)
 
     if (done := beyond_cutoff()) is not None:
@@ -258,7 +271,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             lp_ticks = max(lp_ticks, math.ceil(branched - 1e-6 * max(1.0, abs(branched))))
         elif branched is not None:  # every pattern is LP-infeasible: so is the MIP
             return _nothing_better(warm, cutoff_s, len(pairs), len(templates), time.perf_counter() - t0, {})
-    if (done := beyond_cutoff()) is not None:
+    if (done := beyond_cutoff(close_ok=True)) is not None:
         return done
     if lp_ticks is not None:
         md.add(tp + x + o >= lp_ticks, "lp_bound")
@@ -456,7 +469,7 @@ def _branched_lp(md: LinearModel, patterns: Sequence[dict[Any, int]], budget_s: 
         for var, val in fix.items():
             md.vars[var.index] = replace(md.vars[var.index], lb=float(val), ub=float(val))
         try:
-            val = lp_relaxation_bound(md, left)
+            val = lp_relaxation_bound(md, left, presolve=True)
         finally:
             for i, old in saved.items():
                 md.vars[i] = old
