@@ -99,6 +99,29 @@ def test_level2_mip_matches_brute_force_over_the_template_space(instance, backen
     assert cut.objective_s == pytest.approx(best.objective_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_level2_mip_given_its_cutoff_keeps_every_better_plan(monkeypatch, instance, backend):
+    """The level-2 MIP gets the cutoff as the solver's (plus the tick its rounding may add): with
+    no warm start, a cutoff a hair above the brute-force optimum still yields that optimum; below
+    it, no plan better than the optimum is claimed and the bound stays under both."""
+    import tangram_opt.planner.multi_pipeline.level2 as l2
+
+    _, _, _, _, _, ctx, run, best, rmax = instance
+    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: None)
+
+    def level2(cutoff):
+        return solve_level2(ctx, run.templates, run.pricer, cutoff_s=cutoff, max_pipelines=rmax, backend=backend,
+                            time_limit_s=60, rel_gap=1e-9)
+
+    above = level2(best.objective_s * (1 + 1e-9))
+    assert above.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+    assert above.bound_s <= best.objective_s * (1 + 1e-12)
+    for factor in (1 - 1e-6, 1 - 1e-3):
+        below = level2(best.objective_s * factor)
+        assert below.objective_s is None or below.objective_s >= best.objective_s * (1 - 1e-12)
+        assert below.bound_s <= best.objective_s * factor * (1 + 1e-12)
+
+
 def test_uniform_replicas_are_plans_of_the_template_space_with_their_best_split(instance):
     # the level-2 warm start's replicas of one template (issue 27): every one a feasible plan of the
     # declared space, priced exactly, never below the brute-force optimum, and its even split of the

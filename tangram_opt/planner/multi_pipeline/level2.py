@@ -287,7 +287,12 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         # its bound cannot raise the certificate's: the MIP is for a better plan only
         gain = max(0.0, cut - (lp_ticks - 1) * tick) / (cut - floor_s)
         left = min(left, max(PRIMAL_ONLY_MIN_S, gain * left))
-    mip_options = SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap)
+    # the cutoff as the solver's, so it prunes at it: a plan of exact objective E has a MIP
+    # objective of at most E / tick + 1 (the rounding below), so every plan better than the
+    # cutoff stays; "infeasible" then proves none is (on "256 A100+V100, 2 sites 5 ms, dense" of
+    # the communication-bound family: 1.1 s, against 8.8 s to the optimum without it)
+    mip_options = SolveOptions(time_limit_s=left, threads=threads, seed=seed, rel_gap=rel_gap,
+                               cutoff=cut / tick + 1 if math.isfinite(cut) else None)
     if st.nonzeros > DEADLINE_NONZEROS:
         res = solve_by_deadline(md, backend, mip_options, hard_s=left + DEADLINE_GRACE_S)
     else:
