@@ -551,7 +551,8 @@ def test_level2_stops_at_the_lp_when_its_bound_reaches_the_cutoff(monkeypatch, i
 def test_level2_stops_at_the_lp_when_the_warm_start_meets_its_bound(monkeypatch, instance):
     """Given the brute-force optimum as its warm start, level 2 runs no MIP once its LP bound (less
     a tick) is within the optimality resolution of it: the plan is the warm start's, certified by
-    the LP bound. Where the LP stays further below, the MIP runs as before."""
+    the LP bound. Given a plan further above that bound (uniform replicas), the MIP runs and
+    finds the optimum."""
     import tangram_opt.planner.multi_pipeline.level2 as l2
 
     _, _, _, _, _, ctx, run, best, rmax = instance
@@ -559,17 +560,21 @@ def test_level2_stops_at_the_lp_when_the_warm_start_meets_its_bound(monkeypatch,
     real = l2.solve_model
     monkeypatch.setattr(l2, "solve_model", lambda *a, **k: (ran.append("mip"), real(*a, **k))[1])
     monkeypatch.setattr(l2, "solve_by_deadline", lambda md, b, o, hard_s: (ran.append("mip"), real(md, b, o))[1])
-    monkeypatch.setattr(l2, "greedy_level2", lambda *a, **k: (best.objective_s, list(best.pipes)))
-    lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=best.objective_s * 2, max_pipelines=rmax,
-                      backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
-    lp_s = lv.info["lp_bound_s"] - lv.info["tick_s"]
-    assert lp_s <= best.objective_s * (1 + 1e-12) and lv.bound_s <= best.objective_s * (1 + 1e-12)
-    assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)
-    if relative_gap(best.objective_s, lp_s) <= l2.OPTIMAL_RESOLUTION:
-        assert ran == [] and lv.status == "optimal" and lv.bound_s == pytest.approx(lp_s, rel=1e-12)
-        assert lv.info["solver_status"] == "not run (LP bound within the resolution of the warm start)"
-    else:
-        assert ran == ["mip"]
+    worse = max(uniform_replicas(ctx, run.templates, run.pricer, rmax), key=lambda q: q[0])
+    assert worse[0] > best.objective_s * (1 + 10 * l2.OPTIMAL_RESOLUTION)
+    for warm in ((best.objective_s, list(best.pipes)), worse):
+        ran.clear()
+        monkeypatch.setattr(l2, "greedy_level2", lambda *a, warm=warm, **k: warm)
+        lv = solve_level2(ctx, run.templates, run.pricer, cutoff_s=worse[0] * 2, max_pipelines=rmax,
+                          backend=BACKENDS[0], time_limit_s=60, rel_gap=1e-9)
+        lp_s = lv.info["lp_bound_s"] - lv.info["tick_s"]
+        assert lp_s <= best.objective_s * (1 + 1e-12) and lv.bound_s <= best.objective_s * (1 + 1e-12)
+        assert lv.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+        if relative_gap(warm[0], lp_s) <= l2.OPTIMAL_RESOLUTION:
+            assert ran == [] and lv.status == "optimal" and lv.bound_s == pytest.approx(lp_s, rel=1e-12)
+            assert lv.info["solver_status"] == "not run (LP bound within the resolution of the warm start)"
+        else:
+            assert warm is worse and ran == ["mip"]
 
 
 def test_a_level2_mip_that_cannot_raise_the_certificates_bound_gets_the_share_its_plan_can_gain(monkeypatch,

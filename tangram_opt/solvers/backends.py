@@ -58,8 +58,8 @@ def lp_relaxation_bound(model: LinearModel, time_limit_s: float = 10.0, *, cutof
     t0 = time.perf_counter()
     res = b.solve(model, SolveOptions(time_limit_s=time_limit_s, use_hint=False, presolve=presolve), relax=True)
     left = time_limit_s - (time.perf_counter() - t0)
-    if res.status == SolveStatus.ERROR and model.lp_cache.pop("basis", None) is not None and left > 0.05 \
-            and not presolve:
+    if res.status == SolveStatus.ERROR and not presolve and model.lp_cache.pop("basis", None) is not None \
+            and left > 0.05:
         # a warm start from another model's basis can leave HiGHS without an answer (status
         # "Unknown" after 0.2 s on a level-2 zone pattern whose cold LP takes 0.9 s): start cold
         res = b.solve(model, SolveOptions(time_limit_s=left, use_hint=False), relax=True)

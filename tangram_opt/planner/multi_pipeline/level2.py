@@ -283,10 +283,10 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
             hinted = True
     st = md.stats()
     left = max(0.5, time_limit_s - (time.perf_counter() - t0))  # building, the greedy and the LP took their share
-    if floor_s is not None and lp_ticks is not None and floor_s < cut and (lp_ticks - 1) * tick >= floor_s:
+    lp_s = None if lp_ticks is None else (lp_ticks - 1) * tick  # what the LP bounds every plan by
+    if floor_s is not None and lp_s is not None and floor_s <= lp_s and floor_s < cut:
         # its bound cannot raise the certificate's: the MIP is for a better plan only
-        gain = max(0.0, cut - (lp_ticks - 1) * tick) / (cut - floor_s)
-        left = min(left, max(PRIMAL_ONLY_MIN_S, gain * left))
+        left = min(left, max(PRIMAL_ONLY_MIN_S, left * max(0.0, cut - lp_s) / (cut - floor_s)))
     # the cutoff as the solver's, so it prunes at it: a plan of exact objective E has a MIP
     # objective of at most E / tick + 1 (the rounding below), so every plan better than the
     # cutoff stays; "infeasible" then proves none is (on "256 A100+V100, 2 sites 5 ms, dense" of
