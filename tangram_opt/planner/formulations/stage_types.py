@@ -11,7 +11,11 @@ in memory (inflight.py gives how many a position holds), which is all its positi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
 
 from tangram_opt.planner.candidates.table import Candidate, sends_no_slower
 from tangram_opt.planner.formulations.inflight import inflight_from_end
@@ -87,6 +91,34 @@ def _type_of(c: Candidate, ci: int, role: str, layers: dict[str, int], m: int, t
                      bwd_s=bwd, tail_s=tail, tolerance=tolerance)
 
 
+_END_FIELDS = ("static_bytes", "activation_bytes", "transient_bytes", "fwd_time_s", "bwd_time_s", "step_tail_time_s")
+_LAYER_FIELDS = ("static_bytes", "activation_bytes", "fwd_time_s", "bwd_time_s", "step_tail_time_s")
+
+
+class _Columns:
+    """The candidates' numbers :func:`enumerate_types` reads, one array per field (candidate order)."""
+
+    def __init__(self, cands: Sequence[Candidate], kinds: tuple[str, ...]):
+        def row(c: Candidate) -> tuple[float, ...]:
+            out = [c.capacity_bytes, c.layer_transient_bytes, c.island, c.gpus, c.p2p_nic_s, c.p2p_scale_up_s]
+            for lc in (c.embedding, c.head):
+                out += [lc.static_bytes, lc.activation_bytes, lc.transient_bytes, lc.fwd_time_s, lc.bwd_time_s,
+                        lc.step_tail_time_s]
+            for k in kinds:
+                lc = c.layer[k]
+                out += [lc.static_bytes, lc.activation_bytes, lc.fwd_time_s, lc.bwd_time_s, lc.step_tail_time_s]
+            return tuple(out)
+
+        width = 6 + 2 * len(_END_FIELDS) + len(kinds) * len(_LAYER_FIELDS)
+        table = np.array([row(c) for c in cands], dtype=np.float64).reshape(len(cands), width)
+        columns = iter(table.T.copy())
+        self.capacity, self.transient = next(columns), next(columns)
+        self.island, self.gpus = next(columns).astype(np.int64), next(columns).astype(np.int64)
+        self.nic, self.scale_up = next(columns), next(columns)
+        self.ends = {end: {name: next(columns) for name in _END_FIELDS} for end in ("embedding", "head")}
+        self.layer = {k: {name: next(columns) for name in _LAYER_FIELDS} for k in kinds}
+
+
 def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> dict[str, list[StageType]]:
     """Every (candidate, layer count) that fits in its role, Pareto-pruned per (island, layers).
 
@@ -98,6 +130,11 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
     much as a smaller backward (or link) can expose of downstream tails
     (formulations/pipeline_mip.md §3). With ``cutoff_s``, types that no plan of a smaller step can
     use are left out: a stage slower than ``cutoff_s / m``, or with ``m T_s + tail_s`` above it.
+
+    The types are the ones :func:`stage_type` gives one at a time, to the last bit: the candidates
+    are priced together, one layer count after another (numpy, the same floating-point operations
+    in the same order as :meth:`Candidate.memory_bytes` and :func:`_type_of`), which on tables of
+    thousands of candidates is what made every root of the search slow.
     """
     m = problem.num_micro_batches
     gpipe = problem.schedule == "gpipe"
@@ -109,50 +146,136 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
     # less its upstream backward and links, which the makespan holds: formulations/pipeline_mip.md §3)
     cutoff = cutoff_s if cutoff_s else math.inf
     tmax_cap = cutoff / m
-    out: dict[str, list[StageType]] = {r: [] for r in ROLES}
-    for ci, c in enumerate(problem.candidates):
-        for role in ROLES:
-            first, last = role == "first", role == "last"
-            q = inflight_from_end(0, m, problem.schedule) if last else q_mid
-            main = kinds[-1]  # MoE layers on two-kind models, the only kind otherwise
-            fixed = {kinds[0]: problem.layers[kinds[0]]} if (two_kinds and first) else {}
-            lo = 0 if fixed else 1
-            for n in range(lo, problem.layers[main] + 1):
-                layers = dict(fixed)
-                layers[main] = layers.get(main, 0) + n
-                if sum(layers.values()) < 1:
-                    continue
-                tol = _tolerance(c, layers, first=first, last=last, q_min=q, m=m)
-                if tol < q:
-                    break  # more layers only need more memory
-                t = _type_of(c, ci, role, layers, m, tol)
-                bottleneck = max(t.fwd_s, t.bwd_s) if gpipe else t.time_s
-                if bottleneck > tmax_cap * (2 if gpipe else 1):
-                    break
-                if gpipe and tol < m:
-                    continue
-                if t.time_s * m + t.tail_s > cutoff:
-                    continue  # its own tail, exposed or covered by its own step, reaches the cutoff
-                out[role].append(t)
     cands = problem.candidates
+    cols = _Columns(cands, kinds)
+    main = kinds[-1]  # MoE layers on two-kind models, the only kind otherwise
+    found: dict[str, list[tuple[int, int, list[StageType]]]] = {r: [] for r in ROLES}
     for role in ROLES:
-        groups: dict[tuple, list[StageType]] = {}
-        for t in out[role]:
-            c = cands[t.candidate]
-            groups.setdefault((c.island, t.layers), []).append(t)
-        kept = []
-        for group in groups.values():
-            group.sort(key=lambda t: (t.time_s, cands[t.candidate].gpus, t.fwd_s, t.tail_s, -t.tolerance))
-            front: list[StageType] = []
-            for t in group:
-                g = cands[t.candidate].gpus
-                if not any(f.time_s <= t.time_s and f.fwd_s <= t.fwd_s and f.tail_s <= t.tail_s
-                           and f.tolerance >= t.tolerance and cands[f.candidate].gpus <= g
-                           and (not gpipe or f.bwd_s <= t.bwd_s)
-                           and sends_no_slower(cands[f.candidate], cands[t.candidate]) for f in front):
-                    front.append(t)
-            kept.extend(front)
-        out[role] = kept
+        first, last = role == "first", role == "last"
+        q = inflight_from_end(0, m, problem.schedule) if last else q_mid
+        fixed = {kinds[0]: problem.layers[kinds[0]]} if (two_kinds and first) else {}
+        ends = [cols.ends[e] for e, use in (("embedding", first), ("head", last)) if use]
+        scratch = cols.transient
+        for e in ends:
+            scratch = np.maximum(scratch, e["transient_bytes"])
+        alive = np.arange(len(cands))
+        for n in range(0 if fixed else 1, problem.layers[main] + 1):
+            if not len(alive):
+                break
+            layers = dict(fixed)
+            layers[main] = layers.get(main, 0) + n
+            if sum(layers.values()) < 1:
+                continue
+            counts = [(cols.layer[k], c) for k, c in layers.items() if c]
+            tol = _tolerances(partial(_memory, ends, scratch, counts), cols.capacity, alive, q, m)
+            keep = tol >= q  # the others break: more layers only need more memory
+            alive, tol = alive[keep], tol[keep]
+            fwd, bwd, tail = (_summed(cols, counts, ends, name, alive)
+                              for name in ("fwd_time_s", "bwd_time_s", "step_tail_time_s"))
+            time_s = fwd + bwd
+            bottleneck = np.maximum(fwd, bwd) if gpipe else time_s
+            keep = ~(bottleneck > tmax_cap * (2 if gpipe else 1))  # slower ones break too
+            alive, tol, fwd, bwd, tail, time_s = (a[keep] for a in (alive, tol, fwd, bwd, tail, time_s))
+            use = ~(time_s * m + tail > cutoff)  # its own tail, exposed or covered by its own step, reaches the cutoff
+            if gpipe:
+                use &= tol >= m
+            sel = alive[use]
+            if not len(sel):
+                continue
+            key = tuple(sorted(layers.items()))
+            cols_of = {"time": time_s[use], "fwd": fwd[use], "bwd": bwd[use], "tail": tail[use], "tol": tol[use]}
+            island = cols.island[sel]
+            for isl in np.unique(island).tolist():
+                part = np.flatnonzero(island == isl)
+                ci = sel[part]
+                t_, f_, b_, tl, tol_ = (cols_of[k][part] for k in ("time", "fwd", "bwd", "tail", "tol"))
+                # the order of a stable sort on (time, GPUs, forward, tail, -tolerance), candidates in table order
+                order = np.lexsort((-tol_, tl, f_, cols.gpus[ci], t_))
+                ci, t_, f_, b_, tl, tol_ = (x[order] for x in (ci, t_, f_, b_, tl, tol_))
+                crit = [t_, f_, tl, -tol_, cols.gpus[ci], cols.nic[ci], cols.scale_up[ci]] + ([b_] if gpipe else [])
+                kept = ~_dominated(np.stack(crit, axis=1).astype(np.float64))
+                group = [StageType(role=role, candidate=c, layers=key, time_s=x, fwd_s=f, bwd_s=bw, tail_s=tt,
+                                   tolerance=q_)
+                         for c, x, f, bw, tt, q_ in zip(ci[kept].tolist(), t_[kept].tolist(), f_[kept].tolist(),
+                                                        b_[kept].tolist(), tl[kept].tolist(), tol_[kept].tolist())]
+                found[role].append((int(ci.min()), n, group))
+    # groups of (island, layers) in the order a loop over candidates, then layer counts, meets them
+    return {role: [t for _, _, group in sorted(found[role], key=lambda x: (x[0], x[1])) for t in group]
+            for role in ROLES}
+
+
+def _dominated(cols: np.ndarray) -> np.ndarray:
+    """Which rows of ``cols`` (one type per row, in the sort order of :func:`enumerate_types`) some
+    earlier row dominates: at most as large in every column (time, forward, tail, -tolerance, GPUs,
+    both send sides, GPipe: backward; :func:`sends_no_slower`). Dominance is transitive, so this is
+    what keeping each type unless a type kept before it dominates it leaves."""
+    n = len(cols)
+    dominated = np.zeros(n, dtype=bool)
+    for lo in range(0, n, _FRONT_BLOCK):  # blocks of later types: the comparison table stays small
+        hi = min(n, lo + _FRONT_BLOCK)
+        earlier = np.arange(hi)[:, None] < np.arange(lo, hi)[None, :]
+        for k in range(cols.shape[1]):
+            earlier &= cols[:hi, k, None] <= cols[None, lo:hi, k]
+        dominated[lo:hi] = earlier.any(axis=0)
+    return dominated
+
+
+#: later types compared at once in :func:`_dominated`
+_FRONT_BLOCK = 512
+
+
+def _memory(ends: list, scratch: np.ndarray, counts: list, inflight: np.ndarray | int, idx: np.ndarray
+            ) -> np.ndarray:
+    """:meth:`Candidate.memory_bytes` of candidates ``idx``, operation for operation (``fixed_bytes``,
+    then each kind of layer)."""
+    b: np.ndarray | float = 0.0
+    for e in ends:
+        b = b + (e["static_bytes"][idx] + e["activation_bytes"][idx] * inflight)
+    total = b + scratch[idx]
+    for lc, c in counts:
+        total = total + c * (lc["static_bytes"][idx] + lc["activation_bytes"][idx] * inflight)
+    return total
+
+
+def _summed(cols: _Columns, counts: list, ends: list, name: str, idx: np.ndarray) -> np.ndarray:
+    """:func:`_type_of`'s sum of one time over the layers (never none), then the embedding's and the head's."""
+    total: np.ndarray | int = 0
+    for lc, c in counts:
+        total = total + c * lc[name][idx]
+    for e in ends:
+        total = total + e[name][idx]
+    assert isinstance(total, np.ndarray)
+    return total
+
+
+def _tolerances(memory, capacity: np.ndarray, idx: np.ndarray, q_min: int, m: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """:func:`_tolerance` of every candidate ``idx`` at once: the largest in-flight count in
+    ``[q_min, m]`` that fits (``q_min - 1`` if none). Memory never falls as the count grows, so
+    stepping from any start to the edge of the same predicate gives :func:`_tolerance`'s answer."""
+    cap = capacity[idx]
+    out = np.full(len(idx), q_min - 1, dtype=np.int64)
+    fits_min = memory(q_min, idx) <= cap
+    if not fits_min.any():
+        return out
+    idx, cap, pos = idx[fits_min], cap[fits_min], np.flatnonzero(fits_min)
+    base = memory(0, idx)
+    per_q = memory(1, idx) - base
+    with np.errstate(divide="ignore", invalid="ignore"):
+        guess = np.floor_divide(cap - base, per_q)
+    guess = np.where(per_q <= 0, m, np.clip(np.nan_to_num(guess, nan=q_min, posinf=m, neginf=q_min), q_min, m))
+    q = guess.astype(np.int64)
+    while True:
+        down = (q > q_min) & ~(memory(q, idx) <= cap)
+        if not down.any():
+            break
+        q[down] -= 1
+    while True:
+        up = q < m
+        up[up] = memory(q[up] + 1, idx[up]) <= cap[up]
+        if not up.any():
+            break
+        q[up] += 1
+    out[pos] = q
     return out
 
 
