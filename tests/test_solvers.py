@@ -272,6 +272,37 @@ def test_highs_reports_a_model_it_rejects_as_an_error():
     assert res.status == SolveStatus.ERROR and "rejected" in res.message and res.values is None
 
 
+@pytest.mark.parametrize("dual_feasible", [True, False])
+def test_an_lp_highs_calls_optimal_with_a_feasible_dual_point_is_its_bound(monkeypatch, dual_feasible):
+    # HiGHS can call a window LP optimal while its primal point misses the tolerance after
+    # unscaling (primal solution status 1, "infeasible"): with a feasible dual point the objective
+    # is still a valid bound of the relaxation and is used; without one the LP is not solved
+    highspy = pytest.importorskip("highspy")
+
+    class Info:
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            if name == "primal_solution_status":
+                return 1
+            if name == "dual_solution_status":
+                return 2 if dual_feasible else 1
+            return getattr(self.real, name)
+
+    real_info = highspy.Highs.getInfo
+    monkeypatch.setattr(highspy.Highs, "getInfo", lambda self: Info(real_info(self)))
+    m = LinearModel("lp")
+    x, y = m.add_var("x", 0, 4, integer=True), m.add_var("y", 0, 4, integer=True)
+    m.add(2 * x + 2 * y >= 5)
+    m.minimize(3 * x + 2 * y)
+    res = get_backend("highs").solve(m, SolveOptions(time_limit_s=5), relax=True)
+    if dual_feasible:
+        assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(5.0) and res.bound == res.objective
+    else:
+        assert res.status != SolveStatus.OPTIMAL and res.bound is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cutoff_keeps_solutions_below_it_and_reports_infeasible_when_there_are_none(backend):
     # the search passes its incumbent as the cutoff of every window MIP: a window with nothing
