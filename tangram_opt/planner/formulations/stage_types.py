@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from tangram_opt.planner.candidates.table import Candidate, sends_no_slower
+from tangram_opt.planner.candidates.table import Candidate
 from tangram_opt.planner.formulations.inflight import inflight_from_end
 from tangram_opt.planner.formulations.problem import PipelineProblem
 
@@ -183,12 +183,12 @@ def enumerate_types(problem: PipelineProblem, cutoff_s: float | None = None) -> 
             if not len(sel):
                 continue
             key = tuple(sorted(layers.items()))
-            cols_of = {"time": time_s[use], "fwd": fwd[use], "bwd": bwd[use], "tail": tail[use], "tol": tol[use]}
+            chosen = [a[use] for a in (time_s, fwd, bwd, tail, tol)]
             island = cols.island[sel]
             for isl in np.unique(island).tolist():
                 part = np.flatnonzero(island == isl)
                 ci = sel[part]
-                t_, f_, b_, tl, tol_ = (cols_of[k][part] for k in ("time", "fwd", "bwd", "tail", "tol"))
+                t_, f_, b_, tl, tol_ = (a[part] for a in chosen)
                 # the order of a stable sort on (time, GPUs, forward, tail, -tolerance), candidates in table order
                 order = np.lexsort((-tol_, tl, f_, cols.gpus[ci], t_))
                 ci, t_, f_, b_, tl, tol_ = (x[order] for x in (ci, t_, f_, b_, tl, tol_))
