@@ -686,3 +686,20 @@ def test_shifted_unions_and_divisors_match_the_direct_scans():
         for m in range(1, count + 1):
             direct |= cur << (step * m)
         assert _shifts(cur, step, count, mask) == direct & mask
+
+
+def test_sub_clusters_of_the_whole_cluster_are_solved_before_single_islands():
+    """The sub-cluster searches share the template budget in turn, and the last ones get what the
+    first left (or are skipped): the scaled-down copies of the whole cluster, whose plans replicate
+    over it, come first, smallest divisor first, then each island alone."""
+    from tangram_opt.planner.multi_pipeline.generation import _sub_contexts
+    cluster = load_cluster("two-zone")
+    ctx = PlanningContext(cluster, load_model("opt-350m"), TrainingSpec(global_batch_size=64, seq_len=1024))
+    opts = MultiPipelineOptions(cluster_scales=(4, 2), island_scales=(1, 2))
+    subs = _sub_contexts(ctx, opts)
+    origins = [origin for origin, _, _ in subs]
+    assert origins[:2] == ["cluster / 2", "cluster / 4"]
+    assert origins[2:] and all(o.startswith("island ") for o in origins[2:])
+    assert [batch for _, _, batch in subs[:2]] == [32, 16]
+    whole = cluster.num_gpus
+    assert [sub.num_gpus for _, sub, _ in subs[:2]] == [whole // 2, whole // 4]

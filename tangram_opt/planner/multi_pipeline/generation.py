@@ -96,7 +96,9 @@ def choices_of(ctx: PlanningContext, pipe: PipelinePlan, cluster: Cluster | None
 
 
 def _sub_contexts(ctx: PlanningContext, opts: MultiPipelineOptions) -> list[tuple[str, Cluster, int]]:
-    """(origin, sub-cluster, its global batch) in the order they are solved."""
+    """(origin, sub-cluster, its global batch) in the order they are solved: the whole cluster
+    scaled down (smallest divisor first), whose plans replicate over the cluster, then each island
+    alone. The searches share the template budget in turn, so the last ones get the least."""
     isl, B = ctx.islands, ctx.training.global_batch_size
     peak = {i.index: i.num_gpus * i.node.gpu.peak_flops_per_s(ctx.training.precision) for i in isl}
     total = sum(peak.values())
@@ -114,15 +116,15 @@ def _sub_contexts(ctx: PlanningContext, opts: MultiPipelineOptions) -> list[tupl
             seen.add(key)
             out.append((origin, sub, batch))
 
-    scales = sorted(set(opts.island_scales) | set(opts.cluster_scales))
-    for k in scales:
-        if k in opts.island_scales and len(isl) > 1:
+    for k in sorted(opts.cluster_scales):
+        if B % k == 0:
+            add(f"cluster / {k}", {i.index: i.num_nodes // k for i in isl}, B // k)
+    for k in sorted(opts.island_scales):
+        if len(isl) > 1:
             for i in isl:
                 if i.num_nodes // k >= 1:
                     add(f"island {i.name} / {k}", {i.index: i.num_nodes // k},
                         _nearest_divisor(B, B * peak[i.index] / total / k))
-        if k in opts.cluster_scales and B % k == 0:
-            add(f"cluster / {k}", {i.index: i.num_nodes // k for i in isl}, B // k)
     return out
 
 
