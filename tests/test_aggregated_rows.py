@@ -304,3 +304,55 @@ def test_tail_averages_lift_the_lp_and_stay_below_the_optimum():
         lps[on] = lp_relaxation_bound(mip.model) * opts.tick_s
     slack = rounding_ticks(problem.num_micro_batches) * _tick_for(best)
     assert lps[False] * 1.02 < lps[True] <= best + slack, (lps, best)
+
+
+def _slow_fast_problem():
+    # L4 nodes on a 25 Gb/s NIC beside A100 nodes on 400 Gb/s: a boundary touching an L4 stage
+    # costs its L4 side, whatever the stage on the other side
+    return _two_island_problem(dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25),
+                               dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=400))
+
+
+def test_island_link_rows_never_exceed_the_links_of_a_plan_and_are_exact_on_some():
+    # every plan, encoded in its window's model (nanosecond ticks): the largest right-hand side of
+    # the comm_island rows at its point is at most its exact total link time, and equals it
+    # (to the ticks' rounding) on the plans whose every boundary costs the slow island's side
+    problem = _slow_fast_problem()
+    types = enumerate_types(problem)
+    exact = checked = 0
+    for plan in enumerate_plans(problem):
+        if len(plan) < 2 or not _in_types(types, problem.kinds, plan):
+            continue
+        timing = choices_timing(problem, list(plan))
+        lam = timing.bottleneck_s
+        mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
+                            upper_tmax_s=lam * 1.01).build()
+        if mip.empty or not _types_of(mip, plan):
+            continue
+        x = _check_point(mip, plan, timing.step_time_s, f"{len(plan)} stages")
+        rows = [c for c in mip.model.constraints if c.name.startswith("comm_island[")]
+        assert rows
+        cm = mip.aux["Cm"].index
+        priced = max(sum(-v * x[j] for j, v in c.coefs.items() if j != cm) for c in rows)
+        links = sum(problem.boundaries_s(list(plan))) / 1e-9
+        assert priced <= links + 1e-6 * links, (priced, links)
+        exact += priced >= links - len(plan) - 1  # a tick per rounded side or latency
+        checked += 1
+    assert checked >= 20 and exact >= 5, (checked, exact)
+
+
+def test_island_link_rows_lift_the_lp_and_stay_below_the_optimum():
+    from tangram_opt.solvers.backends import lp_relaxation_bound
+
+    problem = _slow_fast_problem()
+    types = enumerate_types(problem)
+    best = min(choices_timing(problem, list(p)).step_time_s for p in enumerate_plans(problem) if len(p) >= 2)
+    lps = {}
+    for on in (True, False):
+        opts = FormulationOptions(tick_s=_tick_for(best), island_links=on)
+        mip = AggregatedMIP(problem, opts, all_types=types, upper_tmax_s=best / problem.num_micro_batches).build()
+        names = {c.name.split("[")[0] for c in mip.model.constraints}
+        assert ("comm_island" in names) == on
+        lps[on] = lp_relaxation_bound(mip.model) * opts.tick_s
+    slack = rounding_ticks(problem.num_micro_batches) * _tick_for(best)
+    assert lps[False] < lps[True] <= best + slack, (lps, best)

@@ -280,6 +280,8 @@ class AggregatedMIP(OrderRows):
         mid_sides = sides(*columns[0])
         md.add(Cm >= latency + sides(*columns[1]) + mid_sides, "comm_send")
         md.add(Cm >= latency + sides(*columns[2]) + mid_sides, "comm_recv")
+        if o.island_links:
+            self._island_link_rows(Cm, columns, side_lo, fl)
         sent_ub = Cm + n_mid + 1  # P - 1 boundaries
         # a link used at all bounds the period (each direction carries one transfer per micro-batch),
         # and so does the block of the two stages it joins: 2 Smax >= T_a + T_b + 2 c_ij, with

@@ -168,6 +168,45 @@ class OrderRows:
                             row[vi] = row.get(vi, 0.0) + c
                         md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_block_{name}[{tag}|{q}]")
 
+    def _island_link_rows(self, Cm: Var, columns, side_lo: dict[int, int], fl) -> None:  # type: ignore[no-untyped-def]
+        """The boundaries that touch one island i, priced by the sides of its stages.
+
+        A boundary takes ``c = L + max(S_a, S_b, Z)`` (§1). One from a stage s on island i to a
+        stage on another island takes at least ``L + S_s``; one between two stages a, b on i at
+        least ``L + S_a + S_b - sigma`` with both sides capped at sigma (``min(S, sigma)``), for any
+        sigma; any other at least ``link_lo``. A middle stage has two boundaries and an end stage
+        one, so summed over the boundaries, with a[j, k] counting them by islands:
+        Cm >= sum_{s on i} deg(s) min(S_s, sigma) - sigma a[i, i] + sum_{j, k} L_jk a[j, k]
+        + sum_{j, k != i} (link_lo[j, k] - L_jk) a[j, k], one row per island and per distinct
+        side sigma of its stages (in ticks, rounded down). ``comm_send`` and ``comm_recv`` count
+        each boundary by one of its two sides; these rows count a slow-NIC island's stages by all
+        of their boundaries, which its neighbours on a faster island cannot make cheaper."""
+        p, md = self.problem, self.model
+        cands = p.candidates
+        islands = sorted(p.island_gpus)
+        per_island: dict[int, list[tuple[int, float, int]]] = {}  # island -> (column, degree, side)
+        for role, group in columns:
+            for si, var in group.items():
+                ci = self.types[role][si].candidate
+                per_island.setdefault(cands[ci].island, []).append(
+                    (var.index, 2.0 if role == "mid" else 1.0, side_lo[ci]))
+        latency = {key: fl(p.links[key].latency_s) for key in self.a}
+        for i, cols in sorted(per_island.items()):
+            others = {}
+            for (j, k), av in self.a.items():
+                coef = fl(p.link_lo_s[j, k]) if i not in (j, k) else latency[j, k]
+                if coef:
+                    others[av.index] = -float(coef)
+            for q, sigma in enumerate(sorted({side for _, _, side in cols})):
+                row = dict(others)
+                for vi, deg, side in cols:
+                    if min(side, sigma):
+                        row[vi] = -deg * min(side, sigma)
+                inner = self.a[i, i].index
+                row[inner] = row.get(inner, 0.0) + sigma
+                row[Cm.index] = 1.0
+                md.add(Constraint(row, 0.0, math.inf), f"comm_island[{i}|{q}]")
+
     def _link_minima(self) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
         """``cmin[i]``: the cheapest link touching island i (either direction); ``cpair[i, j]``: the
         cheaper direction of the link between islands i and j."""

@@ -153,6 +153,9 @@ class FormulationOptions:
     #: aggregated model: the tail-average rows (``tail_gpus``; valid, tighten the LP where stage
     #: tails are long); off only to measure what they add
     tail_averages: bool = True
+    #: aggregated model: the link rows per island (``comm_island``; valid, tighten the LP where one
+    #: island's stages have much slower sides than the others'); off only to measure what they add
+    island_links: bool = True
     #: what the model minimizes (formulations/pipeline_mip.md §4b): "step_time" (the default),
     #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
     #: products of the stage binaries and the step time). The last two need ``island_prices``
