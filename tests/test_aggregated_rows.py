@@ -315,8 +315,8 @@ def _slow_fast_problem():
 
 def test_island_link_rows_never_exceed_the_links_of_a_plan_and_are_exact_on_some():
     # every plan, encoded in its window's model (nanosecond ticks): the largest right-hand side of
-    # the comm_island rows at its point is at most its exact total link time, and equals it
-    # (to the ticks' rounding) on the plans whose every boundary costs the slow island's side
+    # the comm_island rows at its point is at most its exact total link time, and equals it (to
+    # the ticks' rounding) on most plans: a boundary costs the larger of its two sides here
     problem = _slow_fast_problem()
     types = enumerate_types(problem)
     exact = checked = 0
@@ -338,7 +338,7 @@ def test_island_link_rows_never_exceed_the_links_of_a_plan_and_are_exact_on_some
         assert priced <= links + 1e-6 * links, (priced, links)
         exact += priced >= links - len(plan) - 1  # a tick per rounded side or latency
         checked += 1
-    assert checked >= 20 and exact >= 5, (checked, exact)
+    assert checked >= 200 and exact >= checked // 2, (checked, exact)  # 669 and 530 when written
 
 
 def test_island_link_rows_lift_the_lp_and_stay_below_the_optimum():

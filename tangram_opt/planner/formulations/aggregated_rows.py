@@ -183,7 +183,6 @@ class OrderRows:
         of their boundaries, which its neighbours on a faster island cannot make cheaper."""
         p, md = self.problem, self.model
         cands = p.candidates
-        islands = sorted(p.island_gpus)
         per_island: dict[int, list[tuple[int, float, int]]] = {}  # island -> (column, degree, side)
         for role, group in columns:
             for si, var in group.items():
