@@ -424,29 +424,6 @@ class AggregatedMIP(OrderRows):
         md.minimize((m - 1) * Smax + total_T_expr(self, fl) + 2 * Cm + Y)
         return self
 
-    def _tail_average_rows(self, md: LinearModel, Y: Var, U: Var,  # type: ignore[no-untyped-def]
-                           columns, island, gpus, fl, ce, out_lo: dict[int, float]) -> None:
-        """``Y + U`` is at least every stage's *reach* ``v_s`` (its tail, plus its own backward
-        and out-link when it is not the last stage: U counts them, but they are not upstream of
-        it), hence at least any average of the reaches with weights summing to at most 1, such as
-        GPUs over an island's GPUs (``tail_gpus[i]``). Unlike ``tail_mid``, the row reads no "type
-        used" binary, so spreading a slow-NIC island's stages over many fractional types does not
-        hide their tails (formulations/pipeline_mip.md §3).
-        In a tail window some stage's tail exceeds ``lower_tail_s``, so the largest reach is at
-        least ``theta`` (that edge in ticks) and only the reaches' excess over ``theta`` is averaged:
-        ``Y + U >= theta + sum w_s (v_s - theta)^+ x_s``."""
-        p = self.problem
-        theta = fl(self.lower_tail_s) if self.lower_tail_s is not None else 0
-        reach = {role: [max(0, fl(t.tail_s) + (0 if role == "last" else ce(t.bwd_s) + out_lo[t.candidate]) - theta)
-                        for t in self.types[role]] for role in self.types}
-        for i in sorted(p.island_gpus):
-            row = {var.index: -float(gpus[role][si] * reach[role][si])
-                   for role, group in columns for si, var in group.items()
-                   if island[role][si] == i and reach[role][si] > 0}
-            if row:
-                row[Y.index] = row[U.index] = float(p.island_gpus[i])
-                md.add(Constraint(row, float(p.island_gpus[i] * theta), math.inf), f"tail_gpus[{i}]")
-
     def with_stage_range(self, first: int, last: int) -> AggregatedMIP:
         """This window's model restricted to pipelines of ``first`` .. ``last`` stages, without
         building it again: a copy sharing the rows built so far (the counts and links of a

@@ -4,9 +4,11 @@ The aggregated model (aggregated.py) knows how many stages of each type a pipeli
 order; these row families bound the order-dependent terms of the closed form from below
 (formulations/pipeline_mip.md §3): the whole-pipeline block with McCormick over-estimators of
 ``Smax * P`` (``_cycle_rows``), the runs of consecutive stages on a set of islands, each a block
-(``_island_block_rows``), which stages are too slow to neighbour each other inside a period
-window (``_neighbour_row``), and, inside a window on the largest step tail, the cover a large-tail
-stage must have upstream (``_tail_window_rows``, ``_successor_term``). :class:`OrderRows` holds them
+(``_island_block_rows``), the boundaries of one island's stages priced by their sides
+(``_island_link_rows``), which stages are too slow to neighbour each other inside a period window
+(``_neighbour_row``), the stages' tails averaged over an island's GPUs (``_tail_average_rows``),
+and, inside a window on the largest step tail, the cover a large-tail stage must have upstream
+(``_tail_window_rows``, ``_successor_term``). :class:`OrderRows` holds them
 as methods of the model class, which builds them from its own variables.
 """
 
@@ -286,6 +288,29 @@ class OrderRows:
             full[u.index] = 2.0
             self.medium.append((u, frozenset(mids_m)))
         md.add(Constraint(full, -math.inf, 0.0), f"neighbours_medium{tag}")
+
+    def _tail_average_rows(self, md: LinearModel, Y: Var, U: Var,  # type: ignore[no-untyped-def]
+                           columns, island, gpus, fl, ce, out_lo: dict[int, float]) -> None:
+        """``Y + U`` is at least every stage's *reach* ``v_s`` (its tail, plus its own backward
+        and out-link when it is not the last stage: U counts them, but they are not upstream of
+        it), hence at least any average of the reaches with weights summing to at most 1, such as
+        GPUs over an island's GPUs (``tail_gpus[i]``). Unlike ``tail_mid``, the row reads no "type
+        used" binary, so spreading a slow-NIC island's stages over many fractional types does not
+        hide their tails (formulations/pipeline_mip.md §3).
+        In a tail window some stage's tail exceeds ``lower_tail_s``, so the largest reach is at
+        least ``theta`` (that edge in ticks) and only the reaches' excess over ``theta`` is averaged:
+        ``Y + U >= theta + sum w_s (v_s - theta)^+ x_s``."""
+        p = self.problem
+        theta = fl(self.lower_tail_s) if self.lower_tail_s is not None else 0
+        reach = {role: [max(0, fl(t.tail_s) + (0 if role == "last" else ce(t.bwd_s) + out_lo[t.candidate]) - theta)
+                        for t in self.types[role]] for role in self.types}
+        for i in sorted(p.island_gpus):
+            row = {var.index: -float(gpus[role][si] * reach[role][si])
+                   for role, group in columns for si, var in group.items()
+                   if island[role][si] == i and reach[role][si] > 0}
+            if row:
+                row[Y.index] = row[U.index] = float(p.island_gpus[i])
+                md.add(Constraint(row, float(p.island_gpus[i] * theta), math.inf), f"tail_gpus[{i}]")
 
     def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce,  # type: ignore[no-untyped-def]
                           out_lo: dict[int, int], *, successors: bool) -> None:
