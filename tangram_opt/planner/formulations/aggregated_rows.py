@@ -198,12 +198,12 @@ class OrderRows:
                 coef = fl(p.link_lo_s[j, k]) if i not in (j, k) else latency[j, k]
                 if coef:
                     others[av.index] = -float(coef)
+            inner = self.a[i, i].index
             for q, sigma in enumerate(sorted({side for _, _, side in cols})):
                 row = dict(others)
                 for vi, deg, side in cols:
-                    if min(side, sigma):
-                        row[vi] = -deg * min(side, sigma)
-                inner = self.a[i, i].index
+                    if (capped := min(side, sigma)):
+                        row[vi] = -deg * capped
                 row[inner] = row.get(inner, 0.0) + sigma
                 row[Cm.index] = 1.0
                 md.add(Constraint(row, 0.0, math.inf), f"comm_island[{i}|{q}]")
