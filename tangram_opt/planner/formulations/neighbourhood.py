@@ -12,7 +12,8 @@ plan it returns is a real plan, and nothing here touches a bound):
   another), its layers split where the two stage times are most even.
 
 After each accepted move the layer split is polished (:func:`~ordering.polish`) and the middle
-stages reordered (:func:`~ordering.reorder`). Trials are screened first by their stage time against
+stages reordered (:func:`~ordering.reorder`); where no move helps, the descent tries other end
+stages (:func:`~ordering.turn_ends`: the plan reversed, its island blocks reordered). Trials are screened first by their stage time against
 the plan's period: a stage slower than ``SCREEN_SLACK`` times the bottleneck would lengthen every
 one of the ``m - 1`` steady periods, which a smaller tail rarely repays (a heuristic cut of the
 neighbourhood, not of the plan space).
@@ -27,7 +28,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tangram_opt.planner.formulations.ordering import exact_step_s, fits_memory, polish, reorder
+from tangram_opt.planner.formulations.ordering import (exact_step_s, fits_memory, in_plan_space, polish, reorder,
+                                                       turn_ends)
 from tangram_opt.planner.formulations.pipeline_model import pipeline_timing
 from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice
 
@@ -107,9 +109,12 @@ def _descend(problem: PipelineProblem, table: CandidateTimes, cur: list[StageCho
     while time.perf_counter() < deadline:
         better = _first_improvement(problem, table, cur, cur_t, deadline)
         if better is None:
-            break
+            turned = turn_ends(problem, cur)  # no move helps: try other end stages, then go on
+            if turned is cur:
+                break
+            better = turned
         polished = reorder(problem, polish(problem, better))
-        cur = polished if _in_space(problem, polished) else better
+        cur = polished if in_plan_space(problem, polished) else better
         cur_t = exact_step_s(problem, cur)
     return cur
 
@@ -145,18 +150,9 @@ def _random_move(problem: PipelineProblem, table: CandidateTimes, cur: list[Stag
                 continue
             layers = {kd: sum(s.layers.get(kd, 0) for s in gone) for kd in problem.kinds}
             trial = cur[:k] + [StageChoice(candidate=c, layers=layers)] + cur[k + len(gone):]
-        if _in_space(problem, trial) and fits_memory(problem, trial):
+        if in_plan_space(problem, trial) and fits_memory(problem, trial):
             return trial
     return None
-
-
-def _in_space(problem: PipelineProblem, stages: list[StageChoice]) -> bool:
-    """The plan space the certificates refer to: with dense-first layers (two layer kinds), all
-    dense layers on the first stage (formulations/pipeline_mip.md §2)."""
-    if len(problem.kinds) < 2:
-        return True
-    dense = problem.kinds[0]
-    return all(not s.layers.get(dense, 0) for s in stages[1:])
 
 
 def _first_improvement(problem: PipelineProblem, table: CandidateTimes, cur: list[StageChoice], cur_t: float,
@@ -168,7 +164,7 @@ def _first_improvement(problem: PipelineProblem, table: CandidateTimes, cur: lis
     for n, trial in enumerate(_neighbours(problem, table, cur)):
         if time.perf_counter() >= deadline:
             break
-        if not _in_space(problem, trial) or not fits_memory(problem, trial):
+        if not in_plan_space(problem, trial) or not fits_memory(problem, trial):
             continue
         t = exact_step_s(problem, trial)
         if t < cur_t * (1 - 1e-9):
@@ -182,7 +178,7 @@ def _first_improvement(problem: PipelineProblem, table: CandidateTimes, cur: lis
         if time.perf_counter() >= deadline:
             break
         trial = polish(problem, trial)
-        if _in_space(problem, trial) and exact_step_s(problem, trial) < cur_t * (1 - 1e-9):
+        if in_plan_space(problem, trial) and exact_step_s(problem, trial) < cur_t * (1 - 1e-9):
             return trial
     return None
 

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
-from tangram_opt.planner.formulations.ordering import polish, reorder, support_class_best
+from tangram_opt.planner.formulations.ordering import polish, reorder, support_class_best, turn_ends
 from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
@@ -98,7 +98,7 @@ class LeafSolves:
                     best = (t, ch)
             assert best is not None
             if isinstance(mip, AggregatedMIP) and len(best[1]) > 3:
-                better = polish(sub.problem, reorder(sub.problem, best[1]))
+                better = turn_ends(sub.problem, polish(sub.problem, reorder(sub.problem, best[1])))
                 best = min(best, (choices_timing(sub.problem, better).step_time_s, better), key=lambda q: q[0])
             self.offer(sub.b, best[1], best[0])
             if isinstance(mip, AggregatedMIP) and res.objective is not None and res.status == SolveStatus.OPTIMAL \

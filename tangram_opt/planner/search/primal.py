@@ -26,7 +26,7 @@ from tangram_opt.planner.candidates import Candidate, HeuristicallyPruned
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
 from tangram_opt.planner.formulations.neighbourhood import CandidateTimes, improve
-from tangram_opt.planner.formulations.ordering import polish, try_order
+from tangram_opt.planner.formulations.ordering import polish, try_order, turn_ends
 from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.planner.islands import Island
@@ -156,7 +156,7 @@ class PrimalHeuristics:
         ordered.sort(key=lambda q: q[0])
         for rank, (t, choices) in enumerate(ordered):
             if rank < tuning.KNAPSACK_PLAN_POLISH:
-                choices = polish(sub.problem, choices)
+                choices = turn_ends(sub.problem, polish(sub.problem, choices))
                 t = choices_timing(sub.problem, choices).step_time_s
             self.offer(sub.b, choices, t)
         sub.info["knapsack_plans"] = len(ordered)
