@@ -38,6 +38,20 @@ def solved(request):
     return _solved(request.param)
 
 
+def _dense_first_context():
+    """Three islands and a 6-layer DeepSeek-V2-Lite whose first 3 layers are dense."""
+    base = load_model("deepseek-v2-lite").with_layers(6)
+    model = dataclasses.replace(base, moe=dataclasses.replace(base.moe, first_dense_layers=3))
+    return PlanningContext(three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
+                           space=SearchSpace(max_stages=4, **SMALL_SPACE))
+
+
+def _greedy_starts(ctx):
+    """(problem, greedy step, greedy plan) for every pipeline micro-batch size."""
+    for b, (t0, start) in greedy_by_micro_batch(ctx, thorough=True).items():
+        yield ctx.problem(b), t0, start
+
+
 def _check_plan(problem, stages, layers):
     used: dict[int, int] = {}
     for s in stages:
@@ -52,8 +66,7 @@ def _check_plan(problem, stages, layers):
 def test_every_plan_it_returns_is_real_and_never_slower_than_its_start(solved):
     ctx, best = solved
     improved = 0
-    for b, (t0, start) in greedy_by_micro_batch(ctx, thorough=True).items():
-        problem = ctx.problem(b)
+    for problem, t0, start in _greedy_starts(ctx):
         stages, t = improve(problem, start, time.perf_counter() + 60, kicks=20)
         _check_plan(problem, stages, ctx.layers)
         assert t == pytest.approx(choices_timing(problem, stages).step_time_s, rel=1e-12)
@@ -97,17 +110,14 @@ def test_a_spent_deadline_returns_the_start_as_it_is(solved):
 def test_dense_first_layers_stay_on_the_first_stage():
     # the certificates' plan space keeps a dense-first model's dense layers on the first stage
     # (formulations/pipeline_mip.md §2): no move, polish or kick leaves it
-    base = load_model("deepseek-v2-lite").with_layers(6)
-    model = dataclasses.replace(base, moe=dataclasses.replace(base.moe, first_dense_layers=3))
-    ctx = PlanningContext(three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
-                          space=SearchSpace(max_stages=4, **SMALL_SPACE))
+    ctx = _dense_first_context()
     dense = ctx.kinds[0]
     assert len(ctx.kinds) == 2 and ctx.layers[dense] == 3
-    for b, (t0, start) in greedy_by_micro_batch(ctx, thorough=True).items():
-        stages, t = improve(ctx.problem(b), start, time.perf_counter() + 60, kicks=30)
+    for problem, t0, start in _greedy_starts(ctx):
+        stages, t = improve(problem, start, time.perf_counter() + 60, kicks=30)
         assert t <= t0 * (1 + 1e-12)
         assert stages[0].layers.get(dense, 0) == ctx.layers[dense]
-        _check_plan(ctx.problem(b), stages, ctx.layers)
+        _check_plan(problem, stages, ctx.layers)
 
 
 def test_turn_ends_hands_the_ends_back_to_the_stages_that_held_them(solved):
@@ -115,8 +125,7 @@ def test_turn_ends_hands_the_ends_back_to_the_stages_that_held_them(solved):
     # in flight and the exposed gradient sync); swaps of middle stages cannot undo that, turn_ends can
     ctx, _ = solved
     undone = 0
-    for b, (_, start) in greedy_by_micro_batch(ctx, thorough=True).items():
-        problem = ctx.problem(b)
+    for problem, _, start in _greedy_starts(ctx):
         local, t_local = improve(problem, start, time.perf_counter() + 60, kicks=0)
         flipped = list(reversed(local))
         if not fits_memory(problem, flipped):
@@ -133,14 +142,10 @@ def test_turn_ends_hands_the_ends_back_to_the_stages_that_held_them(solved):
 
 
 def test_turn_ends_keeps_dense_first_layers_on_the_first_stage():
-    base = load_model("deepseek-v2-lite").with_layers(6)
-    model = dataclasses.replace(base, moe=dataclasses.replace(base.moe, first_dense_layers=3))
-    ctx = PlanningContext(three_islands(), model, TrainingSpec(global_batch_size=8, seq_len=1024, precision="bf16"),
-                          space=SearchSpace(max_stages=4, **SMALL_SPACE))
+    ctx = _dense_first_context()
     dense = ctx.kinds[0]
     multi_stage = 0
-    for b, (_, start) in greedy_by_micro_batch(ctx, thorough=True).items():
-        problem = ctx.problem(b)
+    for problem, _, start in _greedy_starts(ctx):
         for stages in (start, _split_evenly(problem, start[0], 2), _split_evenly(problem, start[0], 3)):
             turned = turn_ends(problem, stages)
             assert in_plan_space(problem, turned) and turned[0].layers.get(dense, 0) == ctx.layers[dense]
