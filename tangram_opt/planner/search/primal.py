@@ -97,8 +97,9 @@ class PrimalHeuristics:
         For a few caps between ``knap`` and 1.1 ``knap`` (or the incumbent's period) and a few
         minimum memory tolerances, take the stages the covering knapsack picks, order them for
         memory and neighbours (``try_order``) and score them exactly; the best
-        tuning.KNAPSACK_PLAN_POLISH also get their layer split polished. Balanced by construction, these
-        plans are often better than what the window MIPs find in their time. Each cap is tried as
+        tuning.KNAPSACK_PLAN_POLISH also get their layer split polished and other end stages tried
+        (``turn_ends``: the plan reversed, its island blocks reordered). Balanced by construction,
+        these plans are often better than what the window MIPs find in their time. Each cap is tried as
         is, with one island capped lower (separator covers), and with k small stages set aside on
         one island for each placement of the first and last stage (reserved separators: large
         stages of every island, that island's included, alternate with them).
