@@ -146,7 +146,8 @@ def test_turn_ends_keeps_dense_first_layers_on_the_first_stage():
     dense = ctx.kinds[0]
     multi_stage = 0
     for problem, _, start in _greedy_starts(ctx):
-        for stages in (start, _split_evenly(problem, start[0], 2), _split_evenly(problem, start[0], 3)):
+        c = start[0].candidate
+        for stages in (start, _split_evenly(problem, c, ctx.layers, 2), _split_evenly(problem, c, ctx.layers, 3)):
             turned = turn_ends(problem, stages)
             assert in_plan_space(problem, turned) and turned[0].layers.get(dense, 0) == ctx.layers[dense]
             assert exact_step_s(problem, turned) <= exact_step_s(problem, stages) * (1 + 1e-12)
@@ -154,11 +155,11 @@ def test_turn_ends_keeps_dense_first_layers_on_the_first_stage():
     assert multi_stage >= 1
 
 
-def _split_evenly(problem, stage, parts):
-    """``stage``'s layers over ``parts`` stages of its candidate: the dense ones on the first, the
-    others spread evenly over the rest (a plan of the certificates' space)."""
+def _split_evenly(problem, candidate, layers, parts):
+    """``layers`` over ``parts`` stages of ``candidate``: the dense ones on the first, the others
+    spread evenly over the rest (a plan of the certificates' space)."""
     dense, moe = problem.kinds
-    n = stage.layers[moe]
+    n = layers[moe]
     rest = [n // (parts - 1) + (k < n % (parts - 1)) for k in range(parts - 1)]
-    return [StageChoice(candidate=stage.candidate, layers={dense: stage.layers[dense]})] + [
-        StageChoice(candidate=stage.candidate, layers={moe: k}) for k in rest]
+    return [StageChoice(candidate=candidate, layers={dense: layers[dense]})] + [
+        StageChoice(candidate=candidate, layers={moe: k}) for k in rest]
