@@ -281,6 +281,41 @@ def test_island_block_rows_are_tight_on_plans_whose_island_run_sets_the_period()
     assert checked >= 5, checked
 
 
+def test_island_side_rows_are_tight_on_plans_whose_whole_block_sets_the_period():
+    # a pipeline over both islands whose block of all its stages is its period: with each
+    # island's stages capped at their own side, a boundary between islands i and j is priced at
+    # lat + s_u + s_v - min(sigma_i, sigma_j) = lat + max(s_u, s_v), its exact time here, so one
+    # island_sides row is tight (to the ticks' rounding), where the island-block row of both
+    # islands gives back the largest side per run and leaves milliseconds
+    problem = _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
+                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
+    cands = problem.candidates
+    types = enumerate_types(problem)
+    checked = 0
+    for plan in enumerate_plans(problem):
+        on = {cands[st_.candidate].island for st_ in plan}
+        if len(plan) < 3 or len(on) < 2 or not _in_types(types, problem.kinds, plan):
+            continue
+        timing = choices_timing(problem, list(plan))
+        lam = timing.bottleneck_s
+        block = (sum(st_.time_s for st_ in timing.stages) + 2 * sum(problem.boundaries_s(list(plan)))) / len(plan)
+        if block < lam * (1 - 1e-9):
+            continue  # the whole pipeline does not set the period
+        mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
+                            upper_tmax_s=lam * (1 + 1e-9)).build()
+        x = _check_point(mip, plan, timing.step_time_s, f"{len(plan)} stages over both islands")
+
+        def slack(prefix: str) -> float:
+            rows = [c for c in mip.model.constraints if c.name.startswith(prefix)]
+            return min(sum(v * x[j] for j, v in c.coefs.items()) - c.lb for c in rows)
+
+        # a tick per stage for its rounded time and for hi's, one per boundary for its take-back
+        assert slack("island_sides_hi[") <= 3 * len(plan), f"{plan}: {slack('island_sides_hi[')} ticks"
+        assert slack("island_block_hi[0,1|") > 1e6  # more than a millisecond
+        checked += 1
+    assert checked >= 20, checked  # 44 when written
+
+
 def test_tail_averages_lift_the_lp_and_stay_below_the_optimum():
     # slow NICs (25 and 10 Gb/s, nodes of 2 GPUs): the gradient sync after the last backward is a
     # large part of the step. The tail-average rows (tail_gpus) raise the root LP and

@@ -4,7 +4,8 @@ The aggregated model (aggregated.py) knows how many stages of each type a pipeli
 order; these row families bound the order-dependent terms of the closed form from below
 (formulations/pipeline_mip.md §3): the whole-pipeline block with McCormick over-estimators of
 ``Smax * P`` (``_cycle_rows``), the runs of consecutive stages on a set of islands, each a block
-(``_island_block_rows``), the boundaries of one island's stages priced by their sides
+(``_island_block_rows``), the whole pipeline again with each boundary priced by both its
+stages' sides (``_island_side_rows``), the boundaries of one island's stages priced by their sides
 (``_island_link_rows``), which stages are too slow to neighbour each other inside a period window
 (``_neighbour_row``), the stages' tails averaged over an island's GPUs (``_tail_average_rows``),
 and, inside a window on the largest step tail, the cover a large-tail stage must have upstream
@@ -29,6 +30,18 @@ from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 TAIL_WINDOW_ROWS = 16
 #: island-block rows (``_island_block_rows``) for every set of at most this many islands
 ISLAND_BLOCK_SETS = 3
+#: the whole-pipeline block with every boundary priced by both of its stages' sides
+#: (``_island_side_rows``, ``FormulationOptions.island_sides``): at most this many side caps per
+#: island, and every combination of the islands' caps while there are at most ISLAND_SIDE_COMBOS
+ISLAND_SIDE_CAPS = 4
+ISLAND_SIDE_COMBOS = 36
+
+
+def _spread(values: list[float], k: int) -> list[float]:
+    """At most ``k`` of the sorted ``values``, evenly spaced, the smallest and the largest among them."""
+    if len(values) <= k:
+        return values
+    return [values[round(q * (len(values) - 1) / (k - 1))] for q in range(k)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +147,12 @@ class OrderRows:
         lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
         cands = p.candidates
         cols: dict[int, list[tuple[int, int, float, float]]] = {}  # island -> (column, candidate, T, count's bound)
+        degree: dict[int, float] = {}  # column -> boundaries of its stage: 2 in the middle, 1 at an end
         for group, tys in ((self.n, self.types["mid"]), (self.e, self.types["first"]), (self.h, self.types["last"])):
             for si, var in group.items():
                 t = tys[si]
                 cols.setdefault(cands[t.candidate].island, []).append((var.index, t.candidate, t.time_s, var.ub))
+                degree[var.index] = 2.0 if group is self.n else 1.0
         used = sorted(cols)
         for size in range(1, min(len(used), ISLAND_BLOCK_SETS) + 1):
             for G in itertools.combinations(used, size):
@@ -169,6 +184,57 @@ class OrderRows:
                         for vi, c in relax.coefs.items():
                             row[vi] = row.get(vi, 0.0) + c
                         md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_block_{name}[{tag}|{q}]")
+                if self.options.island_sides and size == len(used) > 1:
+                    island_of = [cands[ci].island for _, ci, _, _ in members]
+                    self._island_side_rows(G, col, t, side, island_of, [degree[vi] for vi in col], lat, u_g, relax)
+
+    def _island_side_rows(self, G: tuple[int, ...], col: list[int], t: np.ndarray, side: np.ndarray,
+                          island_of: list[int], degree: list[float], lat: float, u_g: float,
+                          relax: LinExpr) -> None:
+        """The whole-pipeline block with every boundary priced by the sides of both its stages.
+
+        G holds every island the window uses. Each boundary takes ``c_uv >= lat + max(s_u, s_v)``
+        (``_island_block_rows``). Cap each stage's side at a value ``sigma_i`` of its island
+        (``s' = min(s, sigma_i)``): then ``max(s'_u, s'_v) >= s'_u + s'_v - min(sigma_i, sigma_j)``
+        for stages on islands i and j. Summed over the boundaries, every stage counts its side once
+        per boundary it has (two in the middle, one at an end), and the boundaries between islands
+        i and j (``a[i, j]``) take back ``min(sigma_i, sigma_j)`` each:
+        ``sum_b c_b >= lat (P - 1) + sum_s deg_s s'_s x_s - sum_{i, j} min(sigma_i, sigma_j) a[i, j]``.
+        With ``P Smax >= sum T + 2 sum c`` (P < m; ``relax`` switches the rows off otherwise) and
+        McCormick's over-estimators of ``Smax P`` as in ``_island_block_rows``: one pair of rows per
+        combination of caps. The island-block rows give back the largest side once per run of
+        stages; these charge a slow-NIC stage on every boundary it has, also where its neighbours
+        lie on another island (a V100 stage between two A10G stages pays its 25 Gb/s side twice),
+        which ``comm_island`` prices for one island at a time through ``Cm``, averaged with the
+        other islands' cheaper links in the cycle rows."""
+        p, md, tick = self.problem, self.model, self.options.tick_s
+        fl, ce = rounders(tick)
+        Smax = self.aux["Smax"]
+        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
+        on = np.array(island_of)
+        deg = np.array(degree)
+        two_lat = fl(2 * lat)
+        caps = [_spread(np.unique(side[on == i]).tolist(), ISLAND_SIDE_CAPS) for i in G]
+        if math.prod(len(c) for c in caps) <= ISLAND_SIDE_COMBOS:
+            combos = list(itertools.product(*caps))
+        else:  # each island's caps in turn, every other island's stages at their smallest side
+            combos = [tuple(c if n == k else caps[n][0] for n in range(len(G))) for k in range(len(G)) for c in caps[k]]
+        tag = ",".join(map(str, G))
+        for q, sigma in enumerate(combos):
+            cap_of = dict(zip(G, sigma))
+            capped = np.minimum(side, np.array([cap_of[i] for i in island_of]))
+            # each stage's time and its capped side per boundary, in ticks rounded down
+            priced = np.floor((t + 2 * deg * capped) / tick + 1e-9)
+            back = {(i, j): float(ce(2 * min(cap_of[i], cap_of[j])) - two_lat) for i in G for j in G}
+            for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
+                row = dict(zip(col, (per - priced).tolist()))
+                for key, coef in back.items():
+                    row[self.a[key].index] = coef
+                if k:
+                    row[Smax.index] = k
+                for vi, c in relax.coefs.items():
+                    row[vi] = row.get(vi, 0.0) + c
+                md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_sides_{name}[{tag}|{q}]")
 
     def _island_link_rows(self, Cm: Var, columns, side_lo: dict[int, int], fl) -> None:  # type: ignore[no-untyped-def]
         """The boundaries that touch one island i, priced by the sides of its stages.

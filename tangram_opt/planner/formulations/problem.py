@@ -156,6 +156,10 @@ class FormulationOptions:
     #: aggregated model: the link rows per island (``comm_island``; valid, tighten the LP where one
     #: island's stages have much slower sides than the others'); off only to measure what they add
     island_links: bool = True
+    #: aggregated model: the whole-pipeline block with each boundary priced by both its stages'
+    #: sides (``island_sides``; valid, tighten the LP where slow-NIC stages sit between stages of
+    #: other islands); off only to measure what they add
+    island_sides: bool = True
     #: what the model minimizes (formulations/pipeline_mip.md §4b): "step_time" (the default),
     #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
     #: products of the stage binaries and the step time). The last two need ``island_prices``
