@@ -183,6 +183,38 @@ def _two_island_problem(*groups: dict):
     return ctx.problem(2)
 
 
+def _two_slow_islands():
+    """A100 nodes on a 25 Gb/s NIC beside L4 nodes on 10 Gb/s: every boundary costs a NIC side."""
+    return _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
+                               dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
+
+
+def _plans_on_two_slow_islands():
+    """The problem of ``_two_slow_islands``, its stage types, and its plans of at least three
+    stages whose stages are all such types, each with its closed form."""
+    problem = _two_slow_islands()
+    types = enumerate_types(problem)
+    plans = [(plan, choices_timing(problem, list(plan))) for plan in enumerate_plans(problem)
+             if len(plan) >= 3 and _in_types(types, problem.kinds, plan)]
+    return problem, types, plans
+
+
+def _point_at_its_period(problem, types, plan, timing, where: str) -> tuple[AggregatedMIP, list[float]]:
+    """``plan`` encoded in the model of the window just around its period (nanosecond ticks:
+    rounding is then far below any time the rows price; a latency is 20 us), every row checked."""
+    lam = timing.bottleneck_s
+    mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
+                        upper_tmax_s=lam * (1 + 1e-9)).build()
+    return mip, _check_point(mip, plan, timing.step_time_s, where)
+
+
+def _least_slack(mip: AggregatedMIP, x: list[float], prefix: str) -> float:
+    """The smallest slack at ``x`` of the rows whose names start with ``prefix`` (model ticks)."""
+    rows = [c for c in mip.model.constraints if c.name.startswith(prefix)]
+    assert rows, prefix
+    return min(sum(v * x[j] for j, v in c.coefs.items()) - c.lb for c in rows)
+
+
 def test_types_fixed_by_reduced_costs_appear_in_no_better_plan():
     # windows inherit the stage types their parent's LP fixed to 0: no plan of the window that
     # beats the cutoff may use one of them, or the children would lose it for good
@@ -249,15 +281,10 @@ def test_island_block_rows_are_tight_on_plans_whose_island_run_sets_the_period()
     # a run of stages on one island, all of one side, whose block (r stages, r - 1 inner links) is
     # the plan's period: its island's row prices it exactly (up to the ticks' rounding), so the
     # rows are as strong as their derivation says; _check_point checks that every row holds
-    problem = _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
-                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
+    problem, types, plans = _plans_on_two_slow_islands()
     cands = problem.candidates
-    types = enumerate_types(problem)
     checked = 0
-    for plan in enumerate_plans(problem):
-        if len(plan) < 3 or not _in_types(types, problem.kinds, plan):
-            continue
-        timing = choices_timing(problem, list(plan))
+    for plan, timing in plans:
         lam, links = timing.bottleneck_s, problem.boundaries_s(list(plan))
         on = [cands[st_.candidate].island for st_ in plan]
         for i in set(on):
@@ -269,12 +296,8 @@ def test_island_block_rows_are_tight_on_plans_whose_island_run_sets_the_period()
             block = (sum(timing.stages[k].time_s for k in ks) + 2 * sum(links[k] for k in ks[:-1])) / len(ks)
             if block < lam * (1 - 1e-9):
                 continue  # the run does not set the period
-            # nanosecond ticks: rounding is then far below any time the rows price (a latency is 20 us)
-            mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
-                                upper_tmax_s=lam * (1 + 1e-9)).build()
-            x = _check_point(mip, plan, timing.step_time_s, f"island {i} run of {len(ks)}")
-            rows = [c for c in mip.model.constraints if c.name.startswith(f"island_block_hi[{i}|")]
-            slack = min(sum(v * x[j] for j, v in c.coefs.items()) - c.lb for c in rows)
+            mip, x = _point_at_its_period(problem, types, plan, timing, f"island {i} run of {len(ks)}")
+            slack = _least_slack(mip, x, f"island_block_hi[{i}|")
             # a tick per stage for its rounded time and for hi's, one for the run's take-back
             assert slack <= 2 * len(ks) + 1, f"island {i}: a run of {len(ks)} setting the period leaves {slack} ticks"
             checked += 1
@@ -287,31 +310,21 @@ def test_island_side_rows_are_tight_on_plans_whose_whole_block_sets_the_period()
     # lat + s_u + s_v - min(sigma_i, sigma_j) = lat + max(s_u, s_v), its exact time here, so one
     # island_sides row is tight (to the ticks' rounding), where the island-block row of both
     # islands gives back the largest side per run and leaves milliseconds
-    problem = _two_island_problem(dict(name="a100", gpu="A100-40", nodes=2, gpus_per_node=2, nic_gbps=25),
-                                  dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=10))
-    cands = problem.candidates
-    types = enumerate_types(problem)
+    problem, types, plans = _plans_on_two_slow_islands()
+    islands = {ci: c.island for ci, c in enumerate(problem.candidates)}
     checked = 0
-    for plan in enumerate_plans(problem):
-        on = {cands[st_.candidate].island for st_ in plan}
-        if len(plan) < 3 or len(on) < 2 or not _in_types(types, problem.kinds, plan):
-            continue
-        timing = choices_timing(problem, list(plan))
+    for plan, timing in plans:
+        if len({islands[st_.candidate] for st_ in plan}) < 2:
+            continue  # on one island
         lam = timing.bottleneck_s
         block = (sum(st_.time_s for st_ in timing.stages) + 2 * sum(problem.boundaries_s(list(plan)))) / len(plan)
         if block < lam * (1 - 1e-9):
             continue  # the whole pipeline does not set the period
-        mip = AggregatedMIP(problem, FormulationOptions(tick_s=1e-9), all_types=types, lower_tmax_s=lam * 0.99,
-                            upper_tmax_s=lam * (1 + 1e-9)).build()
-        x = _check_point(mip, plan, timing.step_time_s, f"{len(plan)} stages over both islands")
-
-        def slack(prefix: str) -> float:
-            rows = [c for c in mip.model.constraints if c.name.startswith(prefix)]
-            return min(sum(v * x[j] for j, v in c.coefs.items()) - c.lb for c in rows)
-
+        mip, x = _point_at_its_period(problem, types, plan, timing, f"{len(plan)} stages over both islands")
         # a tick per stage for its rounded time and for hi's, one per boundary for its take-back
-        assert slack("island_sides_hi[") <= 3 * len(plan), f"{plan}: {slack('island_sides_hi[')} ticks"
-        assert slack("island_block_hi[0,1|") > 1e6  # more than a millisecond
+        slack = _least_slack(mip, x, "island_sides_hi[")
+        assert slack <= 3 * len(plan), f"{plan}: {slack} ticks"
+        assert _least_slack(mip, x, "island_block_hi[0,1|") > 1e6  # more than a millisecond
         checked += 1
     assert checked >= 20, checked  # 44 when written
 
