@@ -141,9 +141,8 @@ class OrderRows:
         whole-pipeline block seen through the stages' sides; with one, it sees an island whose
         stages each fit the window but whose links do not: a run of near-bottleneck stages joined
         by a slow NIC, which the whole-pipeline rows average away over faster islands."""
-        p, md, tick = self.problem, self.model, self.options.tick_s
+        p, tick = self.problem, self.options.tick_s
         fl, ce = rounders(tick)
-        Smax = self.aux["Smax"]
         lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
         cands = p.candidates
         cols: dict[int, list[tuple[int, int, float, float]]] = {}  # island -> (column, candidate, T, count's bound)
@@ -175,22 +174,33 @@ class OrderRows:
                     run = ce(2 * (lat + sigma))  # what each run takes back
                     # each stage's time, side up to sigma and latency, in ticks rounded down (``fl``)
                     priced = np.floor((t + 2 * np.minimum(side, sigma) + 2 * lat) / tick + 1e-9)
-                    for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
-                        row = dict(zip(col, (per - priced + run).tolist()))
-                        for vi in inside:
-                            row[vi] = -float(run)
-                        if k:
-                            row[Smax.index] = k
-                        for vi, c in relax.coefs.items():
-                            row[vi] = row.get(vi, 0.0) + c
-                        md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_block_{name}[{tag}|{q}]")
+                    self._block_pair(col, priced - run, dict.fromkeys(inside, -float(run)), u_g, relax,
+                                     (lo_t, hi_t), f"island_block_{{}}[{tag}|{q}]")
                 if self.options.island_sides and size == len(used) > 1:
                     island_of = [cands[ci].island for _, ci, _, _ in members]
-                    self._island_side_rows(G, col, t, side, island_of, [degree[vi] for vi in col], lat, u_g, relax)
+                    self._island_side_rows(G, col, t, side, island_of, [degree[vi] for vi in col], lat, u_g, relax,
+                                           (lo_t, hi_t))
+
+    def _block_pair(self, col: list[int], priced: np.ndarray, links: dict[int, float], u_g: float,
+                    relax: LinExpr, bounds: tuple[int, int], label: str) -> None:
+        """The rows ``hi n >= priced . x - links . a`` and ``lo n + u_g (Smax - lo) >=`` the same
+        (McCormick's over-estimators of ``Smax n`` on Smax in [lo, hi] and n in [0, u_g]), ``n`` the
+        stages of the columns ``col`` and ``links`` the coefficients of boundary columns, in ticks;
+        ``relax`` switches them off, ``label`` names them with "hi" or "lo" in its braces."""
+        md, Smax = self.model, self.aux["Smax"]
+        lo_t, hi_t = bounds
+        for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
+            row = dict(zip(col, (per - priced).tolist()))
+            row.update(links)
+            if k:
+                row[Smax.index] = k
+            for vi, c in relax.coefs.items():
+                row[vi] = row.get(vi, 0.0) + c
+            md.add(Constraint(row, k * lo_t - relax.const, math.inf), label.format(name))
 
     def _island_side_rows(self, G: tuple[int, ...], col: list[int], t: np.ndarray, side: np.ndarray,
                           island_of: list[int], degree: list[float], lat: float, u_g: float,
-                          relax: LinExpr) -> None:
+                          relax: LinExpr, bounds: tuple[int, int]) -> None:
         """The whole-pipeline block with every boundary priced by the sides of both its stages.
 
         G holds every island the window uses. Each boundary takes ``c_uv >= lat + max(s_u, s_v)``
@@ -207,10 +217,8 @@ class OrderRows:
         lie on another island (a V100 stage between two A10G stages pays its 25 Gb/s side twice),
         which ``comm_island`` prices for one island at a time through ``Cm``, averaged with the
         other islands' cheaper links in the cycle rows."""
-        p, md, tick = self.problem, self.model, self.options.tick_s
+        tick = self.options.tick_s
         fl, ce = rounders(tick)
-        Smax = self.aux["Smax"]
-        lo_t, hi_t = max(fl(self.lower_tmax_s), fl(min(p.link_lo_s.values()))), ce(self.upper_tmax_s)
         on = np.array(island_of)
         deg = np.array(degree)
         two_lat = fl(2 * lat)
@@ -225,16 +233,8 @@ class OrderRows:
             capped = np.minimum(side, np.array([cap_of[i] for i in island_of]))
             # each stage's time and its capped side per boundary, in ticks rounded down
             priced = np.floor((t + 2 * deg * capped) / tick + 1e-9)
-            back = {(i, j): float(ce(2 * min(cap_of[i], cap_of[j])) - two_lat) for i in G for j in G}
-            for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
-                row = dict(zip(col, (per - priced).tolist()))
-                for key, coef in back.items():
-                    row[self.a[key].index] = coef
-                if k:
-                    row[Smax.index] = k
-                for vi, c in relax.coefs.items():
-                    row[vi] = row.get(vi, 0.0) + c
-                md.add(Constraint(row, k * lo_t - relax.const, math.inf), f"island_sides_{name}[{tag}|{q}]")
+            back = {self.a[i, j].index: float(ce(2 * min(cap_of[i], cap_of[j])) - two_lat) for i in G for j in G}
+            self._block_pair(col, priced, back, u_g, relax, bounds, f"island_sides_{{}}[{tag}|{q}]")
 
     def _island_link_rows(self, Cm: Var, columns, side_lo: dict[int, int], fl) -> None:  # type: ignore[no-untyped-def]
         """The boundaries that touch one island i, priced by the sides of its stages.
