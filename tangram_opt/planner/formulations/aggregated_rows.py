@@ -48,7 +48,8 @@ def _spread(values: list[float], k: int) -> list[float]:
 class StageArrays:
     """A window's columns as the neighbour rows read them, one array entry per column (middle types,
     then first, then last): ``w`` (time plus the cheapest link it can have), ``t`` (time), ``island``,
-    ``ends`` (1 for an end stage, which has one neighbour) and ``col`` (the column's index). The rows
+    ``ends`` (1 for an end stage, which has one neighbour), ``col`` (the column's index) and ``floor``
+    (the least time of any link of the stage, ``PipelineProblem.link_floor_s``). The rows
     split the columns by thresholds once per (theta, island); boolean masks over these arrays do it
     in one pass each, and keep the columns in order."""
 
@@ -57,6 +58,7 @@ class StageArrays:
     island: np.ndarray
     ends: np.ndarray
     col: np.ndarray
+    floor: np.ndarray
     #: island -> mask of its columns
     on: dict[int, np.ndarray]
     #: position of each column's island in ``islands`` (per_island's lookup)
@@ -65,12 +67,13 @@ class StageArrays:
 
     @staticmethod
     def of(islands: Sequence[int], w: list[float], t: list[float], island: list[int], ends: list[int],
-           col: list[int]) -> StageArrays:
+           col: list[int], floor: list[float]) -> StageArrays:
         isl = np.array(island, dtype=np.int64)
         pos = np.searchsorted(np.array(islands, dtype=np.int64), isl)
         return StageArrays(w=np.array(w, dtype=float), t=np.array(t, dtype=float), island=isl,
                            ends=np.array(ends, dtype=np.int64), col=np.array(col, dtype=np.int64),
-                           on={i: isl == i for i in islands}, _pos=pos, _islands=tuple(islands))
+                           floor=np.array(floor, dtype=float), on={i: isl == i for i in islands}, _pos=pos,
+                           _islands=tuple(islands))
 
     def per_island(self, values: dict[int, float]) -> np.ndarray:
         """``values[island]`` of every column."""
@@ -282,28 +285,37 @@ class OrderRows:
         cpair = {(i, j): min(p.link_lo_s[i, j], p.link_lo_s[j, i]) for i in islands for j in islands}
         return {i: min(cpair[i, j] for j in islands) for i in islands}, cpair
 
-    def _compatible_limits(self, t_min: dict[int, float], cpair: dict[tuple[int, int], float]
-                           ) -> tuple[dict[int, float], dict[int, float] | None]:
-        """For a pairwise incompatible set H with fastest member ``t_min[i]`` per island: a stage on
-        island j can neighbour some member of H iff its time is at most ``limit[j]``; a middle stage
-        between two members forms a block of three with them, so it can have two neighbours in H only
-        if its time is at most ``sandwich[j]`` (None when m <= 3: that block does not count)."""
+    def _compatible_limits(self, heavy: dict[int, tuple[float, float]], cpair: dict[tuple[int, int], float],
+                           island: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """For a pairwise incompatible set H with fastest member time and least link floor
+        ``heavy[i] = (t_min, f_min)`` per island, and stages on ``island`` with link floors ``floor``
+        (arrays): a stage of time t can neighbour some member of H only if ``t <= limit``; a middle
+        stage between two members forms a block of three with them, so it can have two neighbours
+        in H only if ``t <= sandwich`` (None when m <= 3: that block does not count).
+
+        A link between a member h on island i and the stage s takes at least
+        ``max(cpair[i, j], floor_s, floor_h)``, so with ``x_i = t_min + 2 max(cpair[i, j], floor_s, f_min)``
+        the pair fits under hi only if ``t + x_i <= 2 hi`` and the block of three only if
+        ``t + x_i1 + x_i2 <= 3 hi``: ``limit = 2 hi - min_i x_i``, ``sandwich = 3 hi - 2 min_i x_i``."""
         hi = self.upper_tmax_s
         slack = 2 * hi * 1e-9
         islands = sorted(self.problem.island_gpus)
-        limit = {j: max(2 * hi + slack - tm - 2 * cpair[i, j] for i, tm in t_min.items()) for j in islands}
+        pos = np.searchsorted(np.array(islands, dtype=np.int64), island)
+        x = np.full(len(island), math.inf)
+        for i, (tm, fm) in heavy.items():
+            link = np.array([cpair[i, j] for j in islands], dtype=float)[pos]
+            x = np.minimum(x, tm + 2 * np.maximum(np.maximum(link, floor), fm))
+        limit = 2 * hi + slack - x
         if self.problem.num_micro_batches <= 3:
             return limit, None
-        sandwich = {j: max(3 * hi + slack - t1 - t2 - 2 * cpair[i1, j] - 2 * cpair[i2, j]
-                           for i1, t1 in t_min.items() for i2, t2 in t_min.items()) for j in islands}
-        return limit, sandwich
+        return limit, 3 * hi + slack - 2 * x
 
     def _neighbour_row(self, md: LinearModel, st: StageArrays, heavy: np.ndarray, light: np.ndarray,
-                       medium: np.ndarray | None, sandwich: dict[int, float] | None, name: str,
+                       medium: np.ndarray | None, sandwich: np.ndarray | None, name: str,
                        cpair: dict[tuple[int, int], float], hi: float) -> None:
         """Edges between H and L(H) (masks over the columns ``st``) counted from both sides:
         2 n_H + e_H + h_H <= sum over L of (2 n + e + h), a middle stage of L counting once only
-        when its time is above ``sandwich[island]`` (it cannot sit between two heavy stages).
+        when its time is above its ``sandwich`` entry (it cannot sit between two heavy stages).
 
         The other stages (set M, ``medium``: neither in H nor compatible with any of it; None
         without ``order_rows``) have all their
@@ -320,7 +332,7 @@ class OrderRows:
         edges = dict(zip(light_cols, np.where(light_ends, -1.0, -2.0).tolist()))  # an end has one neighbour
         full = {**row, **edges}
         if sandwich is not None:  # and so has a middle stage too slow to sit between two heavy ones
-            once = light_ends | (st.t[light] > st.per_island(sandwich)[light])
+            once = light_ends | (st.t[light] > sandwich[light])
             edges = dict(zip(light_cols, np.where(once, -1.0, -2.0).tolist()))
         row.update(edges)
         md.add(Constraint(row, -math.inf, 0.0), name)
@@ -458,21 +470,24 @@ class OrderRows:
                 for tail, _, _, _, t, _ in entries]
         if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
             return LinExpr()
-        t_min: dict[int, float] = {}  # fastest member of S per island
+        heavy: dict[int, tuple[float, float]] = {}  # fastest member of S and least link floor, per island
         for s, (_, _, _, _, t, _) in zip(in_s, entries):
             if s:
-                t_min[isl(t)] = min(t.time_s, t_min.get(isl(t), math.inf))
-        limit, sandwich = self._compatible_limits(t_min, cpair)
+                tm, fm = heavy.get(isl(t), (math.inf, math.inf))
+                heavy[isl(t)] = (min(t.time_s, tm), min(p.link_floor_s(t.candidate), fm))
+        limit, sandwich = self._compatible_limits(
+            heavy, cpair, np.array([isl(t) for *_, t, _ in entries], dtype=np.int64),
+            np.array([p.link_floor_s(t.candidate) for *_, t, _ in entries], dtype=float))
         need = LinExpr()  # members of S in the middle, less the successors that need no variable
         edges = LinExpr()  # edges of S beyond the first member's left one, less those of free neighbours
         edges.const = -1.0
         term = LinExpr()
-        for s, (tail, _, role, var, t, si) in zip(in_s, entries):
+        for k, (s, (tail, _, role, var, t, si)) in enumerate(zip(in_s, entries)):
             if s:
                 self.succ_heavy.add((role, si))
                 edges.add_term(var, 2 if role == "mid" else 1)
-            compatible = t.time_s <= limit[isl(t)]
-            two = 1 if sandwich is not None and t.time_s > sandwich[isl(t)] else 2
+            compatible = t.time_s <= limit[k]
+            two = 1 if sandwich is not None and t.time_s > sandwich[k] else 2
             if role == "mid" and s:
                 need.add_term(var, 1)
             elif role == "last" and not s:
