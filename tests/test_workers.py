@@ -11,7 +11,7 @@ import pytest
 from tangram_opt.planner.search import SearchOptions, solve, tuning
 from tangram_opt.planner.search import branch_and_bound as search_module
 from tangram_opt.planner.space import SearchSpace
-from tangram_opt.solvers import SolveOptions, SolveResult, SolveStatus, solve_model
+from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.solvers.model import LinearModel, lsum
 from tangram_opt.solvers.workers import Shared, SolverPool, SolverWorker, WorkerError
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
@@ -338,53 +338,6 @@ def test_sequence_leaves_take_heuristics_by_their_distance_to_the_target(slack, 
         assert seen and seen[0] is False and set(seen) == (expected if len(seen) > 1 else {False})
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)
-
-
-@pytest.mark.parametrize("split_ratio", [1.005, 10.0])
-def test_an_unfinished_sequence_leaf_is_split_on_the_period_then_given_more_time(split_ratio, monkeypatch):
-    # the first sequence solve of each leaf "runs out of time" (its result is dropped): a window
-    # wider than SEQUENCE_SPLIT_RATIO comes back as its two halves (geometric midpoint, the same
-    # stage count, first tries), a narrower one as itself with one more try; the proof is the same
-    from tangram_opt.planner.search.leaves import LeafSolves
-
-    cluster, model, training, space = _instance()
-    reference = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                      options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
-    leaves: list[tuple[float, float, tuple, int]] = []
-    first_tries: set[tuple[float, float, tuple]] = set()
-    inner, solve_sequence = search_module.solve_model, LeafSolves.solve_sequence
-
-    def recording(self, node):
-        leaves.append((node.lo_s, node.hi_s, node.stages, node.tries))
-        return solve_sequence(self, node)
-
-    def unfinished_once(md, backend, options):
-        res = inner(md, backend, options)
-        lo, hi, stages, _ = leaves[-1] if leaves else (0, 0, None, 0)
-        if md.name.startswith("sequence") and (lo, hi, stages) not in first_tries:
-            first_tries.add((lo, hi, stages))
-            return SolveResult(status=SolveStatus.NO_SOLUTION, backend=res.backend, solve_time_s=res.solve_time_s)
-        return res
-
-    monkeypatch.setattr(tuning, "SEQUENCE_SPLIT_RATIO", split_ratio)
-    monkeypatch.setattr(LeafSolves, "solve_sequence", recording)
-    monkeypatch.setattr(search_module, "solve_model", unfinished_once)
-    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1,
-                 options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
-    assert plan.certificate.status == "optimal"
-    assert plan.step_time_s == pytest.approx(reference.step_time_s, rel=1e-9)
-    wide = [(lo, hi, stages) for lo, hi, stages, _ in leaves if hi / lo > split_ratio]
-    assert wide or split_ratio > 1.005  # the instance has such leaves (the other case splits none)
-    for lo, hi, stages in wide:
-        mid = math.sqrt(lo * hi)
-        halves = {(a, b) for a, b, s, _ in leaves if s == stages and math.isclose(a, lo if b <= mid * (1 + 1e-12)
-                                                                                 else mid) and
-                  math.isclose(b, mid if a < mid * (1 - 1e-12) else hi)}
-        # both halves, but one the incumbent closed before its turn is not solved
-        assert halves, (lo, hi, stages)
-    if split_ratio > 1.005:  # no split: every leaf solved again with one more try, the same window
-        retried = {(lo, hi, stages) for lo, hi, stages, tries in leaves if tries == 1}
-        assert retried and retried <= {(lo, hi, stages) for lo, hi, stages, tries in leaves if tries == 0}
 
 
 def test_heuristic_turns_back_off_while_they_miss_and_return_on_a_better_plan(monkeypatch):

@@ -18,7 +18,6 @@ import copy
 import heapq
 import math
 import time
-from dataclasses import replace
 from typing import Any
 
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
@@ -261,13 +260,6 @@ class LeafSolves:
             bound = max(node.bound_s, res.bound * tick - slack if res.bound is not None else -math.inf)
             if self.pruned(bound):
                 self.close(node, bound)
-            elif node.hi_s / max(node.lo_s, 1e-30) > tuning.SEQUENCE_SPLIT_RATIO:
-                # halves of the period window: each a tighter model, and together often proved in
-                # less time than the whole one given twice as long (§5, nineteenth round)
-                mid = math.sqrt(node.lo_s * node.hi_s)
-                sub.info["sequence_splits"] = sub.info.get("sequence_splits", 0) + 1
-                for lo, hi in ((node.lo_s, mid), (mid, node.hi_s)):
-                    heapq.heappush(self.open, replace(node, bound_s=bound, lo_s=lo, hi_s=hi, mip=None))
             else:
                 node.bound_s, node.tries = bound, node.tries + 1
                 heapq.heappush(self.open, node)

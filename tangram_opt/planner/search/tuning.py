@@ -114,9 +114,6 @@ SEQUENCE_MAX_COLUMNS = 40000
 FIRST_PASS_GAP = 0.01
 #: the least time a sequence leaf gets (doubled each time it comes back unfinished)
 SEQUENCE_FIRST_BUDGET_S = 5.0
-#: a sequence leaf that comes back unfinished is split in two on the period while its window is
-#: wider than this (hi / lo), and only then given twice the time
-SEQUENCE_SPLIT_RATIO = 1.005
 #: from this try of a sequence leaf on (0: the first; 1: once it came back unfinished), it is split
 #: on the island of its first and last stage by LP relaxations (``LeafSolves.end_islands``), which
 #: share at most END_ISLANDS_S; the leaves proved infeasible in a fraction of a second by the MIP
