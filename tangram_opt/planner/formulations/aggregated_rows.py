@@ -61,23 +61,14 @@ class StageArrays:
     floor: np.ndarray
     #: island -> mask of its columns
     on: dict[int, np.ndarray]
-    #: position of each column's island in ``islands`` (per_island's lookup)
-    _pos: np.ndarray
-    _islands: tuple[int, ...]
 
     @staticmethod
     def of(islands: Sequence[int], w: list[float], t: list[float], island: list[int], ends: list[int],
            col: list[int], floor: list[float]) -> StageArrays:
         isl = np.array(island, dtype=np.int64)
-        pos = np.searchsorted(np.array(islands, dtype=np.int64), isl)
         return StageArrays(w=np.array(w, dtype=float), t=np.array(t, dtype=float), island=isl,
                            ends=np.array(ends, dtype=np.int64), col=np.array(col, dtype=np.int64),
-                           floor=np.array(floor, dtype=float), on={i: isl == i for i in islands}, _pos=pos,
-                           _islands=tuple(islands))
-
-    def per_island(self, values: dict[int, float]) -> np.ndarray:
-        """``values[island]`` of every column."""
-        return np.array([values[i] for i in self._islands], dtype=float)[self._pos]
+                           floor=np.array(floor, dtype=float), on={i: isl == i for i in islands})
 
 
 class OrderRows:
@@ -466,18 +457,18 @@ class OrderRows:
         lower = self.lower_tail_s
         isl = lambda t: cands[t.candidate].island  # noqa: E731
         cmin, cpair = self._link_minima()
-        in_s = [tail > lower and t.time_s + max(cmin[isl(t)], p.link_floor_s(t.candidate)) > hi * (1 + 1e-9)
-                for tail, _, _, _, t, _ in entries]
+        floor = [p.link_floor_s(t.candidate) for *_, t, _ in entries]
+        in_s = [tail > lower and t.time_s + max(cmin[isl(t)], f) > hi * (1 + 1e-9)
+                for (tail, _, _, _, t, _), f in zip(entries, floor)]
         if not any(s and role == "mid" for s, (_, _, role, *_) in zip(in_s, entries)):
             return LinExpr()
         heavy: dict[int, tuple[float, float]] = {}  # fastest member of S and least link floor, per island
-        for s, (_, _, _, _, t, _) in zip(in_s, entries):
+        for s, (_, _, _, _, t, _), f in zip(in_s, entries, floor):
             if s:
                 tm, fm = heavy.get(isl(t), (math.inf, math.inf))
-                heavy[isl(t)] = (min(t.time_s, tm), min(p.link_floor_s(t.candidate), fm))
+                heavy[isl(t)] = (min(t.time_s, tm), min(f, fm))
         limit, sandwich = self._compatible_limits(
-            heavy, cpair, np.array([isl(t) for *_, t, _ in entries], dtype=np.int64),
-            np.array([p.link_floor_s(t.candidate) for *_, t, _ in entries], dtype=float))
+            heavy, cpair, np.array([isl(t) for *_, t, _ in entries], dtype=np.int64), np.array(floor, dtype=float))
         need = LinExpr()  # members of S in the middle, less the successors that need no variable
         edges = LinExpr()  # edges of S beyond the first member's left one, less those of free neighbours
         edges.const = -1.0
