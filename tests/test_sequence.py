@@ -64,10 +64,13 @@ def _solve(seq: SequenceMIP, backend: str = "highs"):
     return solve_model(seq.model, backend, SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False))
 
 
-def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
+def _check_problem(problem, backend: str = "highs", every: int = 2, joined: bool = False) -> int:
     """For every stage count and every period cap ``hi`` at a plan's period: the model of the
     window [0, hi] has the best plan of that size with period <= hi as its optimum, and every
-    such plan is a feasible point priced no higher than its step time. Returns the windows checked."""
+    such plan is a feasible point priced no higher than its step time. Returns the windows checked.
+    ``joined``: the models carry the rows of the window's aggregated model (``relaxation``); the
+    optimum must stay the best plan (the encoding check is left out: a hint sets no aggregated
+    variable)."""
     types = enumerate_types(problem)
     checked = 0
     integral = backend != "highs"  # as the search builds them (search.sequence_integral)
@@ -78,7 +81,12 @@ def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
             best = min(t for t, _ in inside)
             # ticks for the model's own scale, as the search picks them (hi <= incumbent / m there)
             tick = _tick_for(max(best, problem.num_micro_batches * hi))
-            seq = SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi, integral=integral).build()
+            options = FormulationOptions(tick_s=tick)
+            relaxation = None
+            if joined:
+                relaxation = AggregatedMIP(sized, options, all_types=types, upper_tmax_s=hi).build()
+                assert not relaxation.empty
+            seq = SequenceMIP(sized, options, types, P, 0.0, hi, integral=integral, relaxation=relaxation).build()
             slack = rounding_ticks(problem.num_micro_batches) * tick
             assert not seq.empty
             res = _solve(seq, backend)
@@ -89,7 +97,7 @@ def _check_problem(problem, backend: str = "highs", every: int = 2) -> int:
             # its solution is a real plan of that size, as fast as the model says
             decoded = choices_timing(problem, seq.decode(res.values))
             assert decoded.step_time_s == pytest.approx(best, rel=1e-6)
-            for t, plan in inside:
+            for t, plan in ([] if joined else inside):
                 hint = seq.hint_from(list(plan))
                 if hint is None:  # a stage type pruned as dominated at its position
                     continue
@@ -118,6 +126,19 @@ def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
         problem = ctx.problem(b)
         if problem.candidates and problem.schedule == "1f1b":
             _check_problem(problem)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_sequence_model_with_the_aggregated_rows_joined_stays_exact(ctx):
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if problem.candidates and problem.schedule == "1f1b":
+            _check_problem(problem, joined=True)
+
+
+def test_joined_rows_keep_the_best_plan_on_unequal_links():
+    assert _check_problem(_mixed().problem(2), joined=True) >= 5
 
 
 @pytest.mark.parametrize("backend", available_backends())
@@ -206,7 +227,7 @@ def test_tail_window_rows_keep_exactly_the_plans_with_a_tail_above_the_lower_edg
             res = _solve(seq)
             assert res.status == SolveStatus.OPTIMAL, res.status
             assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, lower, best, res.objective * tick)
-            for t, plan in inside:
+            for t, plan in ([] if joined else inside):
                 hint = seq.hint_from(list(plan))
                 x = _point(seq.model, hint)
                 assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]

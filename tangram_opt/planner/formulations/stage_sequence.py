@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tangram_opt.planner.candidates.table import sends_no_slower
 from tangram_opt.planner.formulations.inflight import inflight_micro_batches
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType
-from tangram_opt.planner.formulations.ticks import rounders
+from tangram_opt.planner.formulations.ticks import rounders, rounding_ticks
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
 
 
@@ -98,6 +99,10 @@ class SequenceMIP:
     #: the island of each position, when the model is restricted to one island order (the primal
     #: search of search/patterns.py); None: any island anywhere
     islands: Sequence[int] | None = None
+    #: the aggregated model (aggregated.py) of the same window and stage count, built: its rows
+    #: join this model, its counts tied to the positions' binaries and its objective a floor under
+    #: this one's (``_join``), so the relaxation is at least the aggregated one and stays exact
+    relaxation: Any = None
     model: LinearModel = field(default_factory=LinearModel)
     #: per position, its types; ``x[k][j]`` is the binary of ``at[k][j]``
     at: list[list[StageType]] = field(default_factory=list)
@@ -123,7 +128,10 @@ class SequenceMIP:
         self.at = [position_types(p, self._allowed(k), inflight_micro_batches(k, P, m), self.upper_s) for k in range(P)]
         if self.empty:
             return self
+        if self.relaxation is not None:
+            self.model = self.relaxation.model.fork()
         md = self.model
+        floor = md.objective  # the aggregated objective when joined (unused otherwise)
         md.name = f"sequence_b{p.pipeline_micro_batch}_P{P}"
         cands = p.candidates
         islands = sorted(p.island_gpus)
@@ -273,10 +281,45 @@ class SequenceMIP:
         for var in c_lo:
             obj[var.index] = 2.0
         md.minimize(LinExpr(obj))
+        if self.relaxation is not None:
+            self._join(floor)
         self.aux.update({f"T[{k}]": v for k, v in enumerate(T)})
         self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
         self.aux.update({f"c[{k}]": v for k, v in enumerate(c_lo)})
         return self
+
+    def _join(self, floor: LinExpr) -> None:
+        """Tie the aggregated model's stage counts to the positions and its objective ``floor``
+        under this model's. Every plan of the window and stage count maps to a point of the
+        aggregated model with its own counts and an objective at most its step time (§3), and this
+        model prices it at least its step time less ``rounding_ticks``: so both rows hold for every
+        plan. A position type the aggregated model left out (no plan better than its cutoff uses
+        it: §3 "Stage types", reduced costs) is fixed to 0; an aggregated type no position lists
+        (dominated at every position: ``position_types``) to 0 too."""
+        md, agg, P = self.model, self.relaxation, self.stages
+        counts: dict[tuple, Var] = {}
+        for role, var_of in (("first", agg.e), ("last", agg.h), ("mid", agg.n)):
+            for si, var in var_of.items():
+                t = agg.types[role][si]
+                counts[(role, t.candidate, t.layers)] = var
+        at_positions: dict[tuple, dict[int, float]] = {}
+        for k in range(P):
+            role = role_at(k, P)
+            for x, t in zip(self.x[k], self.at[k]):
+                at_positions.setdefault((role, t.candidate, t.layers), {})[x.index] = 1.0
+        for key, var in counts.items():
+            coefs = {i: -1.0 for i in at_positions.get(key, {})}
+            coefs[var.index] = 1.0
+            md.add(Constraint(coefs, 0.0, 0.0), "join_count")
+        for key, xs in at_positions.items():
+            if key not in counts:
+                for i in xs:
+                    md.set_upper_bound(i, 0.0)
+        slack = rounding_ticks(self.problem.num_micro_batches)
+        coefs = dict(md.objective.coefs)
+        for i, a in floor.coefs.items():
+            coefs[i] = coefs.get(i, 0.0) - a
+        md.add(Constraint(coefs, floor.const - md.objective.const - slack, math.inf), "join_objective")
 
     def _allowed(self, k: int) -> list[StageType]:
         """The types of position ``k``'s role, on its island when the order of islands is given."""

@@ -28,6 +28,7 @@ from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
 from tangram_opt.planner.formulations.ticks import rounding_ticks
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import Node
+from tangram_opt.planner.search.window_bounds import Window
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.solvers.backends import lp_relaxation_bound
 from tangram_opt.solvers.model import lsum
@@ -153,8 +154,15 @@ class LeafSolves:
         # a tail window's upper edge holds for every stage of its plans, its lower edge for one
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
                  for role, ts in sub.types.items()}
+        relaxation = None
+        if node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER:
+            relaxation = self.build(sub, Window(node.lo_s, hi, node.tail_lo_s, tail_hi, skip, node.stages))
+            if relaxation is None:  # no stage type of the window is left: nothing in it beats the target
+                self.close(node, self.target_s())
+                return
         seq = SequenceMIP(self.with_stages(sub.problem, node.stages), self.formulation_options(sub), types, P,
-                          node.lo_s, hi, integral=self.backend != "highs", lower_tail_s=node.tail_lo_s).build()
+                          node.lo_s, hi, integral=self.backend != "highs", lower_tail_s=node.tail_lo_s,
+                          relaxation=relaxation).build()
         if seq.empty:  # some position has no stage type left: no plan of this size beats the target
             self.close(node, self.target_s())
             return
@@ -257,10 +265,15 @@ class LeafSolves:
             proved = res.bound if res.bound is not None else res.objective
             self.close(node, min(self.inc_s, max(node.bound_s, proved * tick - slack)))
         elif res.status in (SolveStatus.FEASIBLE, SolveStatus.NO_SOLUTION):
-            bound = max(node.bound_s, res.bound * tick - slack if res.bound is not None else -math.inf)
+            proved = res.bound * tick - slack if res.bound is not None else -math.inf
+            bound = max(node.bound_s, proved)
             if self.pruned(bound):
                 self.close(node, bound)
             else:
+                # the sequence model's relaxation is the weaker one here: join the aggregated rows
+                if tuning.SEQUENCE_JOIN_AGGREGATED and proved < node.bound_s and not node.joined:
+                    node.joined = True
+                    sub.info["sequence_weak"] = sub.info.get("sequence_weak", 0) + 1
                 node.bound_s, node.tries = bound, node.tries + 1
                 heapq.heappush(self.open, node)
         else:

@@ -98,6 +98,9 @@ class Node:
     max_tail_s: float | None = field(default=None, compare=False)
     #: the incumbent the window's model was built against (its cutoff; None: none)
     built_cutoff_s: float | None = field(default=None, compare=False)
+    #: a sequence leaf solves with the aggregated rows joined (``SequenceMIP.relaxation``): it came
+    #: back unfinished with a dual bound below the window's aggregated bound
+    joined: bool = field(default=False, compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"

@@ -107,6 +107,11 @@ KNAPSACK_PLAN_POLISH = 8
 #: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
 #: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py)
 SEQUENCE_WINDOW_RATIO = 1.02
+#: a sequence leaf that came back unfinished with a dual bound below its window's aggregated bound
+#: is solved again with the aggregated model's rows joined to it (``SequenceMIP.relaxation``)
+SEQUENCE_JOIN_AGGREGATED = True
+#: ... and once this many leaves of a pipeline micro-batch size did, every leaf of it from its first try
+SEQUENCE_JOIN_AFTER = 2
 #: a sequence model with more stage-type columns than this goes to the aggregated leaf instead
 SEQUENCE_MAX_COLUMNS = 40000
 #: the search first proves this relative gap (when ``rel_gap`` is smaller), then starts again
