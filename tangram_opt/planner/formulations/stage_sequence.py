@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tangram_opt.planner.candidates.table import sends_no_slower
+from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.inflight import inflight_micro_batches
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType
@@ -102,7 +102,7 @@ class SequenceMIP:
     #: the aggregated model (aggregated.py) of the same window and stage count, built: its rows
     #: join this model, its counts tied to the positions' binaries and its objective a floor under
     #: this one's (``_join``), so the relaxation is at least the aggregated one and stays exact
-    relaxation: Any = None
+    relaxation: AggregatedMIP | None = None
     model: LinearModel = field(default_factory=LinearModel)
     #: per position, its types; ``x[k][j]`` is the binary of ``at[k][j]``
     at: list[list[StageType]] = field(default_factory=list)
@@ -297,6 +297,7 @@ class SequenceMIP:
         it: §3 "Stage types", reduced costs) is fixed to 0; an aggregated type no position lists
         (dominated at every position: ``position_types``) to 0 too."""
         md, agg, P = self.model, self.relaxation, self.stages
+        assert agg is not None
         counts: dict[tuple, Var] = {}
         for role, var_of in (("first", agg.e), ("last", agg.h), ("mid", agg.n)):
             for si, var in var_of.items():
@@ -351,9 +352,10 @@ class SequenceMIP:
     def hint_from(self, stages: Sequence[StageChoice]) -> dict[Var, float] | None:
         """Variable values encoding a plan (pipeline order) of this stage count, or None when the
         plan is not in this model: one of its stages is not among its position's types (pruned as
-        dominated, fixed by reduced costs, or too slow for the window) or its period is above it."""
-        if len(stages) != self.stages or self.empty:
-            return None
+        dominated, fixed by reduced costs, or too slow for the window) or its period is above it,
+        and for a model joined with the aggregated rows (whose variables it does not set)."""
+        if len(stages) != self.stages or self.empty or self.relaxation is not None:
+            return None  # joined: the aggregated variables are not encoded
         p, tick = self.problem, self.options.tick_s
         m, cands, kinds = p.num_micro_batches, p.candidates, p.kinds
         fl, ce = rounders(tick)

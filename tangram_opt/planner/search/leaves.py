@@ -155,7 +155,8 @@ class LeafSolves:
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
                  for role, ts in sub.types.items()}
         relaxation = None
-        if node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER:
+        weak = node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER
+        if weak and node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_JOIN_SLACK):
             relaxation = self.build(sub, Window(node.lo_s, hi, node.tail_lo_s, tail_hi, skip, node.stages))
             if relaxation is None:  # no stage type of the window is left: nothing in it beats the target
                 self.close(node, self.target_s())

@@ -112,6 +112,9 @@ SEQUENCE_WINDOW_RATIO = 1.02
 SEQUENCE_JOIN_AGGREGATED = True
 #: ... and once this many leaves of a pipeline micro-batch size did, every leaf of it from its first try
 SEQUENCE_JOIN_AFTER = 2
+#: ... if its bound lies more than this fraction below the target (nearer, the plain model's
+#: quick proofs of infeasibility pay more than the joined model's bound)
+SEQUENCE_JOIN_SLACK = 0.03
 #: a sequence model with more stage-type columns than this goes to the aggregated leaf instead
 SEQUENCE_MAX_COLUMNS = 40000
 #: the search first proves this relative gap (when ``rel_gap`` is smaller), then starts again
