@@ -227,7 +227,7 @@ def test_tail_window_rows_keep_exactly_the_plans_with_a_tail_above_the_lower_edg
             res = _solve(seq)
             assert res.status == SolveStatus.OPTIMAL, res.status
             assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, lower, best, res.objective * tick)
-            for t, plan in ([] if joined else inside):
+            for t, plan in inside:
                 hint = seq.hint_from(list(plan))
                 x = _point(seq.model, hint)
                 assert not seq.model.check(x, tol=1e-6), seq.model.check(x, tol=1e-6)[:3]
