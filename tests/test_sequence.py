@@ -108,6 +108,14 @@ def _check_problem(problem, backend: str = "highs", every: int = 2, joined: bool
     return checked
 
 
+def _check_context(ctx: PlanningContext, joined: bool = False) -> None:
+    """``_check_problem`` on every 1F1B sub-problem (pipeline micro-batch size) of ``ctx``."""
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if problem.candidates and problem.schedule == "1f1b":
+            _check_problem(problem, joined=joined)
+
+
 def _mixed(batch: int = 16, max_stages: int = 4, space: SearchSpace | None = None) -> PlanningContext:
     """Llama-3-8B (5 layers) on fast H100 nodes beside slow-NIC L4 nodes: unequal links, so the
     link terms matter; b = 2."""
@@ -122,19 +130,13 @@ def _mixed(batch: int = 16, max_stages: int = 4, space: SearchSpace | None = Non
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
-    for b in ctx.pipeline_micro_batches():
-        problem = ctx.problem(b)
-        if problem.candidates and problem.schedule == "1f1b":
-            _check_problem(problem)
+    _check_context(ctx)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_sequence_model_with_the_aggregated_rows_joined_stays_exact(ctx):
-    for b in ctx.pipeline_micro_batches():
-        problem = ctx.problem(b)
-        if problem.candidates and problem.schedule == "1f1b":
-            _check_problem(problem, joined=True)
+    _check_context(ctx, joined=True)
 
 
 def test_joined_rows_keep_the_best_plan_on_unequal_links():
