@@ -131,7 +131,7 @@ class SequenceMIP:
         if self.relaxation is not None:
             self.model = self.relaxation.model.fork()
         md = self.model
-        floor = md.objective  # the aggregated objective when joined (unused otherwise)
+        floor = md.objective if self.relaxation is not None else None  # the aggregated objective
         md.name = f"sequence_b{p.pipeline_micro_batch}_P{P}"
         cands = p.candidates
         islands = sorted(p.island_gpus)
@@ -281,7 +281,7 @@ class SequenceMIP:
         for var in c_lo:
             obj[var.index] = 2.0
         md.minimize(LinExpr(obj))
-        if self.relaxation is not None:
+        if floor is not None:
             self._join(floor)
         self.aux.update({f"T[{k}]": v for k, v in enumerate(T)})
         self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
@@ -303,13 +303,13 @@ class SequenceMIP:
             for si, var in var_of.items():
                 t = agg.types[role][si]
                 counts[(role, t.candidate, t.layers)] = var
-        at_positions: dict[tuple, dict[int, float]] = {}
+        at_positions: dict[tuple, list[int]] = {}
         for k in range(P):
             role = role_at(k, P)
             for x, t in zip(self.x[k], self.at[k]):
-                at_positions.setdefault((role, t.candidate, t.layers), {})[x.index] = 1.0
+                at_positions.setdefault((role, t.candidate, t.layers), []).append(x.index)
         for key, var in counts.items():
-            coefs = {i: -1.0 for i in at_positions.get(key, {})}
+            coefs = {i: -1.0 for i in at_positions.get(key, [])}
             coefs[var.index] = 1.0
             md.add(Constraint(coefs, 0.0, 0.0), "join_count")
         for key, xs in at_positions.items():
