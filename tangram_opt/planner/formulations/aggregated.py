@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tangram_opt.planner.formulations.aggregated_rows import OrderRows, StageArrays, total_T_expr
+from tangram_opt.planner.formulations.neighbour_classes import NeighbourClasses, add_neighbour_classes
 from tangram_opt.planner.formulations.ordering import best_order
 from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
 from tangram_opt.planner.formulations.stage_types import StageType, enumerate_types
@@ -76,6 +77,8 @@ class AggregatedMIP(OrderRows):
     excluded_types: frozenset[tuple[str, int, tuple]] = frozenset()
     #: neighbour rows: binary "some stage of M is used" and the columns (n, e, h) of M
     medium: list[tuple[Var, frozenset[int]]] = field(default_factory=list)
+    #: neighbour-class rows (neighbour_classes.py), None where the window has none
+    classes: NeighbourClasses | None = None
 
     @property
     def empty(self) -> bool:
@@ -394,6 +397,8 @@ class AggregatedMIP(OrderRows):
                     medium_i = ~heavy_i & ~near_i if o.order_rows else None
                     self._neighbour_row(md, st, heavy_i, near_i, medium_i, sandwich_i, f"neighbours[{q},{i}]", cpair,
                                         hi + slack / 2)
+            if o.order_rows and o.neighbour_classes:
+                self.classes = add_neighbour_classes(self, columns, hi)
         # a lower bound on the link out of a stage of each candidate used (ticks)
         out_min = {i: fl(min(p.link_lo_s[i, j] for j in islands)) for i in islands}
         out_lo = {ci: max(out_min[cands[ci].island], fl(p.link_floor_s(ci)))
@@ -514,6 +519,8 @@ class AggregatedMIP(OrderRows):
                 vals[self.o[si]] = 1.0
             keys.append(("mid", si))
         keys.append(("last", la))
+        if self.classes is not None and not self.classes.encode(keys, vals):
+            return None
         for u, cols in self.medium:
             vals[u] = 1.0 if any(vals[self.model.vars[i]] > 0.5 for i in cols) else 0.0
         # succ[s]: the middle stages of type s next to a member of S, downstream of the first one

@@ -160,6 +160,11 @@ class FormulationOptions:
     #: sides (``island_sides``; valid, tighten the LP where slow-NIC stages sit between stages of
     #: other islands); off only to measure what they add
     island_sides: bool = True
+    #: aggregated model: the neighbour-class rows (``neighbour_classes.py``: which classes of stage
+    #: types can be neighbours, and the pairs of neighbours of a middle stage, inside a period
+    #: window; valid, tighten the LP where slow links keep slow stages apart); off only to measure
+    #: what they add
+    neighbour_classes: bool = True
     #: what the model minimizes (formulations/pipeline_mip.md §4b): "step_time" (the default),
     #: "usd_per_hour" (of the GPUs used) or "usd_per_step" (USD/h x step time, exact via big-M
     #: products of the stage binaries and the step time). The last two need ``island_prices``
