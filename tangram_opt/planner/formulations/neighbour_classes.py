@@ -5,8 +5,8 @@ window (period ``lambda <= hi``) two neighbours ``a, b`` form a block of two, so
 ``T_a + T_b + 2 c_ab <= 2 hi``, and a middle stage ``s`` with neighbours ``u, v`` a block of three,
 ``T_u + T_s + T_v + 2 c_us + 2 c_sv <= 3 hi`` (§1: blocks of fewer than ``m`` stages bound the
 period). The ``neighbours`` rows of the model count edges between a heavy and a light set of
-types; these rows follow the path itself, at the level of *classes* of stage types (island, time
-and side times in steps of the window's ``hi``), each priced at its fastest member:
+types; these rows follow the path itself, at the level of *classes* of stage types (island, slack
+below the window's ``hi`` and side times, in geometric steps), each priced at its fastest member:
 
 ```
 class_degree[u]:  sum_v E[u,v] (twice for v = u) = 2 n_u + e_u + h_u
