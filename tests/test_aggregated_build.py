@@ -70,12 +70,15 @@ def _types(problem: PipelineProblem) -> dict[str, list[StageType]]:
     return out
 
 
-def _windows() -> dict[str, AggregatedMIP]:
+def _windows(classes: bool = False) -> dict[str, AggregatedMIP]:
     """Windows as the search builds them: the root, period windows, tail windows, excluded types, a
-    cutoff without the order rows, GPipe, a floor on the stage count, and stage ranges of a window."""
+    cutoff without the order rows, GPipe, a floor on the stage count, and stage ranges of a window.
+    Without the neighbour-class rows unless ``classes``: they came after the models were frozen,
+    and their columns sit before Y and U, so they would shift every later index of the digest
+    (test_neighbour_class_rows_come_on_top_of_the_frozen_rows checks them)."""
     problem = _problem()
     types = _types(problem)
-    opts = FormulationOptions(tick_s=TICK_S)
+    opts = FormulationOptions(tick_s=TICK_S, neighbour_classes=classes)
     mid_times = sorted(t.time_s for t in types["mid"])
     med = mid_times[len(mid_times) // 2]
     tails = sorted(t.tail_s for ts in types.values() for t in ts)
@@ -170,6 +173,18 @@ def test_the_windows_hold_every_row_family(windows):
     # and the neighbour rows of one island's heavy stages, besides those of every island's
     assert any(c.name.startswith("neighbours[") and "," in c.name for mip in windows.values()
                for c in mip.model.constraints)
+
+
+def test_neighbour_class_rows_come_on_top_of_the_frozen_rows():
+    # with the class rows every window keeps the frozen rows (their count), and some window has
+    # each class family: edge counts, middle-stage neighbour counts and the pair thresholds
+    with_classes = _windows(classes=True)
+    families = set()
+    for name, mip in with_classes.items():
+        rows = [c.name.split("[")[0] for c in _rows(mip.model)]
+        families |= {r for r in rows if r.startswith("class_")}
+        assert sum(not r.startswith("class_") for r in rows) == FROZEN[name][0], name
+    assert families == {"class_degree", "class_centre", "class_incid", "class_pairs"}, families
 
 
 def test_linear_expressions_keep_their_arithmetic():
