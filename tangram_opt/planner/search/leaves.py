@@ -157,7 +157,10 @@ class LeafSolves:
         relaxation = None
         weak = node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER
         if weak and node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_JOIN_SLACK):
-            relaxation = self.build(sub, Window(node.lo_s, hi, node.tail_lo_s, tail_hi, skip, node.stages))
+            # without the neighbour-class rows: with them the joined model's branch and bound is
+            # slower (formulations/pipeline_mip.md §3b, twenty-first round)
+            relaxation = self.build(sub, Window(node.lo_s, hi, node.tail_lo_s, tail_hi, skip, node.stages),
+                                    classes=False)
             if relaxation is None:  # no stage type of the window is left: nothing in it beats the target
                 self.close(node, self.target_s())
                 return

@@ -123,8 +123,11 @@ class WindowBounds:
         sub.types, sub.shared = types, None
         sub.info["stage_types"] = {r: len(v) for r, v in types.items()}
 
-    def build(self, sub: SubProblem, window: Window) -> AggregatedMIP | PositionalMIP | None:
+    def build(self, sub: SubProblem, window: Window, *, classes: bool = True) -> AggregatedMIP | PositionalMIP | None:
+        """``window``'s model; without the neighbour-class rows unless ``classes`` (and the options have them)."""
         fopts = self.formulation_options(sub)
+        if not classes:
+            fopts = replace(fopts, neighbour_classes=False)
         if self.formulation == "positional":
             return PositionalMIP(sub.problem, fopts).build()
         if sub.types is None:
