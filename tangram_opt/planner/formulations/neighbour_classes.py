@@ -167,6 +167,8 @@ def _classes(mip: AggregatedMIP, columns: Sequence[tuple[str, dict[int, Var]]], 
     of: dict[tuple[str, int], int] = {}
     t_min: list[int] = []
     side: list[dict[tuple[int, int], float]] = []
+    of_cand: dict[int, dict[tuple[int, int], float]] = {}  # candidate -> its side on each link of its island
+    merged: set[tuple[int, int]] = set()  # (class, candidate) whose sides the class holds
     for role, group in columns:
         for si in group:
             t = mip.types[role][si]
@@ -180,10 +182,15 @@ def _classes(mip: AggregatedMIP, columns: Sequence[tuple[str, dict[int, Var]]], 
                 side.append({})
             of[role, si] = u
             t_min[u] = min(t_min[u], fl(t.time_s))
-            for j in islands:
-                for d in ((cd.island, j), (j, cd.island)):
-                    s = p.links[d].side_s(cd)
-                    side[u][d] = min(side[u].get(d, math.inf), s)
+            if (u, t.candidate) in merged:  # many types share a candidate
+                continue
+            merged.add((u, t.candidate))
+            sides = of_cand.get(t.candidate)
+            if sides is None:
+                sides = of_cand[t.candidate] = {d: p.links[d].side_s(cd) for j in islands
+                                                for d in ((cd.island, j), (j, cd.island))}
+            for d, s in sides.items():
+                side[u][d] = min(side[u].get(d, math.inf), s)
     return of, t_min, side
 
 
