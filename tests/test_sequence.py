@@ -60,17 +60,21 @@ def _point(model, hint) -> list[float]:
     return x
 
 
-def _solve(seq: SequenceMIP, backend: str = "highs"):
-    return solve_model(seq.model, backend, SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False))
+def _solve(seq: SequenceMIP, backend: str = "highs", branching: bool = False, cutoff: float | None = None):
+    return solve_model(seq.model, backend, SolveOptions(time_limit_s=60, threads=1, rel_gap=1e-9, presolve=False,
+                                                        group_branching=branching, cutoff=cutoff))
 
 
-def _check_problem(problem, backend: str = "highs", every: int = 2, joined: bool = False) -> int:
+def _check_problem(problem, backend: str = "highs", every: int = 2, joined: bool = False,
+                   branching: bool = False) -> int:
     """For every stage count and every period cap ``hi`` at a plan's period: the model of the
     window [0, hi] has the best plan of that size with period <= hi as its optimum, and every
     such plan is a feasible point priced no higher than its step time. Returns the windows checked.
     ``joined``: the models carry the rows of the window's aggregated model (``relaxation``); the
     optimum must stay the best plan (the encoding check is left out: a hint sets no aggregated
-    variable)."""
+    variable). ``branching``: solved by branching on the island of each position
+    (solvers/group_branching.py), which must find the same optimum, and, with a cutoff just below
+    it, nothing."""
     types = enumerate_types(problem)
     checked = 0
     integral = backend != "highs"  # as the search builds them (search.sequence_integral)
@@ -89,8 +93,11 @@ def _check_problem(problem, backend: str = "highs", every: int = 2, joined: bool
             seq = SequenceMIP(sized, options, types, P, 0.0, hi, integral=integral, relaxation=relaxation).build()
             slack = rounding_ticks(problem.num_micro_batches) * tick
             assert not seq.empty
-            res = _solve(seq, backend)
+            res = _solve(seq, backend, branching)
             assert res.status == SolveStatus.OPTIMAL, res.status
+            if branching:
+                assert res.bound <= res.objective
+                assert _solve(seq, backend, branching, cutoff=res.objective * (1 - 1e-7)).status == SolveStatus.INFEASIBLE
             # valid (no higher than the best plan, up to the period's rounding) and exact (lower
             # only by the coefficients rounded down to whole ticks: below 1e-5 here)
             assert best * (1 - 1e-5) <= res.objective * tick <= best + slack, (P, hi, best, res.objective * tick)
@@ -137,6 +144,20 @@ def test_sequence_optimum_is_the_best_plan_of_its_window_and_size(ctx):
 @given(instances())
 def test_sequence_model_with_the_aggregated_rows_joined_stays_exact(ctx):
     _check_context(ctx, joined=True)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_branching_on_islands_finds_the_best_plan_of_its_window_and_size(ctx):
+    for b in ctx.pipeline_micro_batches():
+        problem = ctx.problem(b)
+        if problem.candidates and problem.schedule == "1f1b":
+            _check_problem(problem, branching=True)
+
+
+def test_branching_on_islands_finds_the_best_plan_on_unequal_links():
+    assert _check_problem(_mixed().problem(2), branching=True) >= 5
+    assert _check_problem(_mixed().problem(2), joined=True, branching=True) >= 5
 
 
 def test_joined_rows_keep_the_best_plan_on_unequal_links():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -650,3 +651,69 @@ def test_zeroed_fixes_columns_to_zero_inside_its_block_and_puts_their_bounds_bac
         assert md.vars[y.index].ub == 0
         raise RuntimeError
     assert md.vars == before
+
+
+def _grouped_model(seed: int) -> tuple[LinearModel, float]:
+    """Three to five positions, each picking one of four to seven items of two or three groups,
+    under a shared budget and with a price on each change of group between neighbours (which the
+    LP relaxation underrates with spread items); and its optimum by brute force."""
+    import random
+
+    rng = random.Random(seed)
+    P = rng.randint(3, 5)
+    items = [[(rng.randint(0, 2), rng.randint(1, 9), rng.randint(1, 6)) for _ in range(rng.randint(4, 7))]
+             for _ in range(P)]  # (group, cost, weight)
+    cap = sum(min(w for _, _, w in pos) for pos in items) + rng.randint(0, 6)
+    md = LinearModel()
+    x = [[md.add_binary(f"x{p}_{j}") for j in range(len(pos))] for p, pos in enumerate(items)]
+    for p in range(P):
+        md.add(LinExpr({v.index: 1.0 for v in x[p]}) == 1, f"one{p}")
+    md.add(LinExpr({v.index: float(w) for p, pos in enumerate(items) for v, (_, _, w) in zip(x[p], pos)}) <= cap, "cap")
+    changes = []
+    for p in range(P - 1):
+        z = md.add_var(f"z{p}", 0, 1)
+        changes.append(z)
+        for g in range(3):  # z_p >= [group g at p] - [group g at p+1]
+            coefs = {v.index: 1.0 for v, it in zip(x[p], items[p]) if it[0] == g}
+            for v, it in zip(x[p + 1], items[p + 1]):
+                if it[0] == g:
+                    coefs[v.index] = coefs.get(v.index, 0.0) - 1.0
+            coefs[z.index] = -1.0
+            md.add(LinExpr(coefs) <= 0, f"chg{p}_{g}")
+    md.minimize(LinExpr({**{v.index: float(c) for p, pos in enumerate(items) for v, (_, c, _) in zip(x[p], pos)},
+                         **{z.index: 7.0 for z in changes}}))
+    md.choice_groups = [[[v.index for v, it in zip(x[p], pos) if it[0] == g] for g in range(3)] for p, pos in
+                        enumerate(items)]
+    md.choice_groups = [[grp for grp in pos if grp] for pos in md.choice_groups]
+    best = math.inf
+    for pick in itertools.product(*[range(len(pos)) for pos in items]):
+        chosen = [items[p][j] for p, j in enumerate(pick)]
+        if sum(w for _, _, w in chosen) <= cap:
+            best = min(best, sum(c for _, c, _ in chosen) + 7 * sum(a[0] != b[0] for a, b in zip(chosen, chosen[1:])))
+    return md, best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_group_branching_finds_the_brute_force_optimum_and_proves_a_cutoff(seed):
+    md, best = _grouped_model(seed)
+    res = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True))
+    assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+    assert res.bound <= res.objective + 1e-9 and "group branching" in res.message
+    assert solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True, cutoff=best - 0.5)).status \
+        == SolveStatus.INFEASIBLE
+    above = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True, cutoff=best + 0.5))
+    assert above.status == SolveStatus.OPTIMAL and above.objective == pytest.approx(best)
+
+
+def test_group_branching_with_one_group_per_position_solves_the_restricted_mip():
+    md, best = _grouped_model(5)
+    md.choice_groups = [[sorted(j for grp in pos for j in grp)] for pos in md.choice_groups]
+    res = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True))
+    assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+
+
+def test_group_branching_stopped_at_once_reports_a_bound_no_higher_than_the_optimum():
+    md, best = _grouped_model(3)
+    res = solve_model(md, "highs", SolveOptions(time_limit_s=0.0, group_branching=True))
+    assert res.status in (SolveStatus.NO_SOLUTION, SolveStatus.FEASIBLE)
+    assert res.bound is None or res.bound <= best + 1e-9

@@ -90,6 +90,10 @@ class HighsBackend(Backend):
 
     def solve(self, model: LinearModel, options: SolveOptions, *, relax: bool = False) -> SolveResult:
         """Solve ``model`` (or, with ``relax``, its LP relaxation: integrality dropped)."""
+        if options.group_branching and model.choice_groups and not relax:
+            from tangram_opt.solvers import group_branching
+
+            return group_branching.solve(model, options)
         import highspy
         import numpy as np
 

@@ -192,6 +192,11 @@ class LinearModel:
     #: what an LP backend kept of its last relaxation of this model, for the next one of it or of a
     #: fork (the HiGHS backend: the rows in its array form and the optimal basis); never part of the model
     lp_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: per position, a partition of some columns into groups of which every integer solution uses
+    #: columns of at most one (a position picks one item; a group is, e.g., the island of a
+    #: pipeline position's stage types): what ``SolveOptions(group_branching=True)`` branches on
+    #: (solvers/group_branching.py). Empty: none declared
+    choice_groups: list[list[list[int]]] = field(default_factory=list, repr=False)
 
     def fork(self) -> LinearModel:
         """A copy that shares the constraints built so far (they are never changed after
@@ -199,7 +204,7 @@ class LinearModel:
         starts from this model's LP cache (its rows are a prefix of the copy's)."""
         return LinearModel(name=self.name, vars=list(self.vars), constraints=list(self.constraints),
                            objective=self.objective, hint=dict(self.hint), _names=set(self._names),
-                           lp_cache=dict(self.lp_cache))
+                           lp_cache=dict(self.lp_cache), choice_groups=self.choice_groups)
 
     def add_var(self, name: str, lb: float = 0.0, ub: float = math.inf, *, integer: bool = False) -> Var:
         if lb > ub:

@@ -70,6 +70,9 @@ class SolveOptions:
     #: reduced cost, feasibility jump). Leaves that mostly prove nothing beats the cutoff solve
     #: about three times faster without them (formulations/pipeline_mip.md §3b)
     heuristics: bool = True
+    #: HiGHS: when the model declares ``choice_groups``, branch on them first, with an LP at every
+    #: node, and solve a node as a MIP only once every group is chosen (solvers/group_branching.py)
+    group_branching: bool = False
     log: bool = False
     on_progress: Callable[[ProgressPoint], None] | None = field(default=None, compare=False)
 

@@ -155,8 +155,9 @@ class LeafSolves:
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
                  for role, ts in sub.types.items()}
         relaxation = None
+        branching = tuning.SEQUENCE_GROUP_BRANCHING and self.backend == "highs"
         weak = node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER
-        if weak and node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_JOIN_SLACK):
+        if not branching and weak and node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_JOIN_SLACK):
             # without the neighbour-class rows: with them the joined model's branch and bound is
             # slower (formulations/pipeline_mip.md §3b, twenty-first round)
             relaxation = self.build(sub, Window(node.lo_s, hi, node.tail_lo_s, tail_hi, skip, node.stages),
@@ -174,7 +175,7 @@ class LeafSolves:
             sub.info["sequence_too_large"] = sub.info.get("sequence_too_large", 0) + 1
             self.solve_leaf(node)
             return
-        if node.tries >= tuning.SEQUENCE_END_ISLANDS_TRY and not self.end_islands(seq):
+        if not branching and node.tries >= tuning.SEQUENCE_END_ISLANDS_TRY and not self.end_islands(seq):
             sub.info["end_island_closes"] = sub.info.get("end_island_closes", 0) + 1
             self.close(node, self.target_s())
             return
@@ -188,7 +189,8 @@ class LeafSolves:
         budget = min(self.remaining(), max(tuning.SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
         heuristics = node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_HEURISTICS_SLACK) and self.heuristics_turn()
         options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
-                               cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=heuristics)
+                               cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=heuristics,
+                               group_branching=branching)
         base = self.elapsed()
         self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res, heuristics))
 

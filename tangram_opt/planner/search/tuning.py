@@ -122,6 +122,10 @@ SEQUENCE_MAX_COLUMNS = 40000
 FIRST_PASS_GAP = 0.01
 #: the least time a sequence leaf gets (doubled each time it comes back unfinished)
 SEQUENCE_FIRST_BUDGET_S = 5.0
+#: sequence leaves are solved by branching on the island of each position, with an LP at every
+#: node (solvers/group_branching.py), instead of HiGHS's branch and bound on single stage types; the
+#: end-island LPs below are then its first levels and are not run
+SEQUENCE_GROUP_BRANCHING = True
 #: from this try of a sequence leaf on (0: the first; 1: once it came back unfinished), it is split
 #: on the island of its first and last stage by LP relaxations (``LeafSolves.end_islands``), which
 #: share at most END_ISLANDS_S; the leaves proved infeasible in a fraction of a second by the MIP
