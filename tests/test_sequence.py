@@ -160,6 +160,30 @@ def test_branching_on_islands_finds_the_best_plan_on_unequal_links():
     assert _check_problem(_mixed().problem(2), joined=True, branching=True) >= 5
 
 
+@pytest.mark.parametrize("nic_gbps, spread_above", [(25, True), (400, False)])
+def test_island_link_spread_tells_slow_island_boundaries_from_fast_ones(nic_gbps, spread_above):
+    # the search branches on islands only where their boundaries differ by a share of the period
+    # (tuning.SEQUENCE_BRANCHING_MIN_SPREAD): L4 nodes on 25 Gb/s beside H100 nodes on 400 Gb/s do,
+    # the same L4 nodes on 400 Gb/s do not; one island never does
+    from tangram_opt.planner.search import tuning
+    from tangram_opt.planner.search.leaves import island_link_spread
+
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=nic_gbps)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2,))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                          TrainingSpec(global_batch_size=16, seq_len=1024), space=space)
+    problem = ctx.problem(2)
+    types = enumerate_types(problem)
+    times = sorted(t.time_s for ts in types.values() for t in ts)
+    hi = times[len(times) // 2]
+    spread = island_link_spread(problem, types, hi)
+    assert (spread >= tuning.SEQUENCE_BRANCHING_MIN_SPREAD) == spread_above, spread
+    one = {role: [t for t in ts if problem.candidates[t.candidate].island == 0] for role, ts in types.items()}
+    assert island_link_spread(problem, one, hi) == 0.0
+
+
 def test_joined_rows_keep_the_best_plan_on_unequal_links():
     assert _check_problem(_mixed().problem(2), joined=True) >= 5
 

@@ -23,8 +23,9 @@ from typing import Any
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.ordering import polish, reorder, support_class_best, turn_ends
 from tangram_opt.planner.formulations.positional import PositionalMIP
-from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
+from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.planner.formulations.ticks import rounding_ticks
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import Node
@@ -32,6 +33,24 @@ from tangram_opt.planner.search.window_bounds import Window
 from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
 from tangram_opt.solvers.backends import lp_relaxation_bound
 from tangram_opt.solvers.model import lsum
+
+
+def island_link_spread(problem: PipelineProblem, types: dict[str, list[StageType]], hi_s: float) -> float:
+    """How much the islands of a window's stage types differ in what their boundaries cost, as a
+    share of the period's upper edge ``hi_s``: the largest of (the cheapest link of a stage on
+    island ``i``) and (the cheapest link between two islands), less the smallest cheapest link of
+    a stage. An LP that mixes islands at a position pays about the smallest; a plan pays what its
+    islands cost. 0 with a single island."""
+    floor: dict[int, float] = {}
+    cands = problem.candidates
+    for ts in types.values():
+        for t in ts:
+            i = cands[t.candidate].island
+            floor[i] = min(floor.get(i, math.inf), problem.link_floor_s(t.candidate))
+    if len(floor) < 2 or hi_s <= 0:
+        return 0.0
+    cross = max(problem.link_lo_s.get((i, j), 0.0) for i in floor for j in floor if i != j)
+    return (max(max(floor.values()), cross) - min(floor.values())) / hi_s
 
 
 class LeafSolves:
@@ -155,7 +174,8 @@ class LeafSolves:
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
                  for role, ts in sub.types.items()}
         relaxation = None
-        branching = tuning.SEQUENCE_GROUP_BRANCHING and self.backend == "highs"
+        branching = tuning.SEQUENCE_GROUP_BRANCHING and self.backend == "highs" and \
+            island_link_spread(sub.problem, types, hi) >= tuning.SEQUENCE_BRANCHING_MIN_SPREAD
         weak = node.joined or sub.info.get("sequence_weak", 0) >= tuning.SEQUENCE_JOIN_AFTER
         if not branching and weak and node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_JOIN_SLACK):
             # without the neighbour-class rows: with them the joined model's branch and bound is

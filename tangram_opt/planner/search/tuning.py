@@ -126,6 +126,13 @@ SEQUENCE_FIRST_BUDGET_S = 5.0
 #: node (solvers/group_branching.py), instead of HiGHS's branch and bound on single stage types; the
 #: end-island LPs below are then its first levels and are not run
 SEQUENCE_GROUP_BRANCHING = True
+#: ... where the islands' boundaries differ by at least this share of the period
+#: (``leaves.island_link_spread``); elsewhere HiGHS's own branch and bound, whose cuts close the
+#: leaves of fast networks that lie within a percent of the target. On the 4,096-GPU
+#: Llama-3-405B case island branching left those leaves unfinished (0.72% after 90 s, where HiGHS
+#: proved 0.01% in 42 s). The spread at the best plan's period: 0.001-0.002 on the fast-network
+#: cases of the planner scaling page, 0.025-0.24 on the communication-bound MoE and dense cases
+SEQUENCE_BRANCHING_MIN_SPREAD = 0.01
 #: from this try of a sequence leaf on (0: the first; 1: once it came back unfinished), it is split
 #: on the island of its first and last stage by LP relaxations (``LeafSolves.end_islands``), which
 #: share at most END_ISLANDS_S; the leaves proved infeasible in a fraction of a second by the MIP
