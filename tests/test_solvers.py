@@ -705,11 +705,25 @@ def test_group_branching_finds_the_brute_force_optimum_and_proves_a_cutoff(seed)
     assert above.status == SolveStatus.OPTIMAL and above.objective == pytest.approx(best)
 
 
-def test_group_branching_with_one_group_per_position_solves_the_restricted_mip():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_group_branching_with_one_group_per_position_solves_the_restricted_mip(threads):
     md, best = _grouped_model(5)
     md.choice_groups = [[sorted(j for grp in pos for j in grp)] for pos in md.choice_groups]
-    res = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True))
+    res = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True, threads=threads))
     assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+
+
+def test_group_branching_after_a_solve_with_another_thread_count():
+    # its LPs run on one thread and its restricted MIPs on the caller's, in a process whose HiGHS
+    # thread pool other solves resize (a solve asking for more threads than the pool holds fails)
+    md, best = _grouped_model(7)
+    highs = get_backend("highs")
+    for threads in (2, 1):
+        assert highs.solve(_grouped_model(7)[0], SolveOptions(time_limit_s=10, threads=threads)).objective \
+            == pytest.approx(best)
+        res = highs.solve(md, SolveOptions(time_limit_s=10, threads=threads, group_branching=True))
+        assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+        assert "group branching" in res.message
 
 
 def test_group_branching_stopped_at_once_reports_a_bound_no_higher_than_the_optimum():

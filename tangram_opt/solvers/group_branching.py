@@ -13,9 +13,9 @@ columns into groups, such that every integer solution has nonzero columns of at 
 per position (the caller's promise; the planner's positions use exactly one column). This module
 searches best first, plunging into the best child of each node it expands, over partial
 assignments (position -> group): a node's LP is the model's with the other groups' columns of
-every assigned position fixed to 0, and its children assign the
-unassigned position whose LP mass is the most spread (the largest group's share the smallest),
-one child per group; a child whose reduced-cost floor reaches the limit is closed without its LP.
+every assigned position fixed to 0, and its children assign the unassigned position whose LP mass
+is the most spread (the largest group's share the smallest), one child per group; a child whose
+reduced-cost floor reaches the limit is closed without its LP.
 A node closes when its LP is infeasible, reaches the cutoff (or the best solution found, less the
 gap tolerances), or is integral (a solution). A node with every position assigned and a
 fractional LP is solved as a MIP. Each child is a restriction of its parent and the children of a
@@ -66,6 +66,8 @@ class _Lp:
             self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("presolve", "off")
+        # one thread: HiGHS's process-wide pool always has one (a solve asking for more threads
+        # than the pool holds fails, which HighsBackend.solve guards against)
         self.h.setOptionValue("threads", 1)
         self.h.passModel(n, m, int(start[-1]), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                          float(model.objective.const), cost, self.lb, self.ub, row_lb, row_ub, start[:-1], index,
@@ -236,8 +238,7 @@ def solve(model: LinearModel, options: SolveOptions) -> SolveResult:
             return SolveResult(status=SolveStatus.INFEASIBLE, backend="highs", solve_time_s=elapsed, message=note)
         traj.record(None, bound)
         return SolveResult(status=SolveStatus.NO_SOLUTION, backend="highs", bound=bound if math.isfinite(bound) else None,
-                           solve_time_s=elapsed,
-                           trajectory=traj.points, message=note)
+                           solve_time_s=elapsed, trajectory=traj.points, message=note)
     traj.record(best[0], bound)
     return SolveResult(status=SolveStatus.OPTIMAL if finished else SolveStatus.FEASIBLE, backend="highs",
                        objective=float(best[0]), bound=float(bound),
