@@ -112,7 +112,7 @@ class _Lp:
         return "unknown", -math.inf, None
 
 
-def solve(model: LinearModel, options: SolveOptions) -> SolveResult:
+def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
     """Solve ``model`` (with ``model.choice_groups``) by branching on its groups; the
     :class:`SolveResult` of a MIP solve (objective and bound in the model's units, INFEASIBLE when
     nothing is below ``options.cutoff``)."""
@@ -245,4 +245,4 @@ def solve(model: LinearModel, options: SolveOptions) -> SolveResult:
                        values=[float(v) for v in best[1]], solve_time_s=elapsed, trajectory=traj.points, message=note)
 
 
-__all__ = ["INTEGRAL_TOL", "solve"]
+__all__ = ["INTEGRAL_TOL", "branch_on_groups"]

@@ -93,7 +93,7 @@ class HighsBackend(Backend):
         if options.group_branching and model.choice_groups and not relax:
             from tangram_opt.solvers import group_branching
 
-            return group_branching.solve(model, options)
+            return group_branching.branch_on_groups(model, options)
         import highspy
         import numpy as np
 
