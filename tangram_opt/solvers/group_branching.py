@@ -48,7 +48,7 @@ class _Lp:
     """The model's LP relaxation in one HiGHS object, whose columns of assigned positions are
     fixed to 0 by bound changes (HiGHS then starts from its last basis)."""
 
-    def __init__(self, model: LinearModel, groups: list[list[Any]]):
+    def __init__(self, model: LinearModel):
         import highspy
         import numpy as np
 
@@ -72,7 +72,10 @@ class _Lp:
         self.h.passModel(n, m, int(start[-1]), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                          float(model.objective.const), cost, self.lb, self.ub, row_lb, row_ub, start[:-1], index,
                          value, np.zeros(n, dtype=np.int32))
-        self.groups = groups
+        # per position, its groups' columns (index arrays); a group whose columns are all fixed to
+        # 0 cannot be chosen and is left out
+        self.groups = [[g for g in (np.asarray([j for j in grp if self.ub[j] > 0], dtype=np.int32) for grp in pos)
+                        if len(g)] for pos in model.choice_groups]
         self.applied: dict[int, int] = {}
         self.solves = 0
 
@@ -123,13 +126,10 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
     traj = Trajectory(options)
     deadline = time.perf_counter() + max(0.0, options.time_limit_s)
     integer = np.fromiter((v.integer for v in model.vars), dtype=bool, count=len(model.vars))
-    ub = np.fromiter((v.ub for v in model.vars), dtype=float, count=len(model.vars))
-    # groups whose columns are all fixed to 0 cannot be chosen: drop them
-    groups = [[np.asarray([j for j in g if ub[j] > 0], dtype=np.int32) for g in pos] for pos in model.choice_groups]
-    groups = [[g for g in pos if len(g)] for pos in groups]
+    lp = _Lp(model)
+    groups = lp.groups
     if any(not pos for pos in groups):  # a position with no column left
         return SolveResult(status=SolveStatus.INFEASIBLE, backend="highs", solve_time_s=traj.elapsed_s)
-    lp = _Lp(model, groups)
     cutoff = options.cutoff if options.cutoff is not None else math.inf
     abs_gap = 0.5 if model.is_integral else 1e-9
     best: list[Any] = [math.inf, None]  # objective, values
@@ -162,7 +162,7 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         position is assigned, -1 when its LP ran out of time)."""
         nonlocal opened
         lp.assign(fixed)
-        status, value, x = lp.solve(deadline - time.perf_counter())
+        status, value, solution = lp.solve(deadline - time.perf_counter())
         if status == "infeasible" or value >= limit():
             return None
         opened += 1
@@ -170,7 +170,7 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
             # out of time: the node stays open with its parent's bound; else (HiGHS without an
             # answer on this LP) it is solved as a MIP
             return (parent_value, opened, fixed, -1 if time.perf_counter() >= deadline else None)
-        x, reduced = x
+        x, reduced = solution
         if bool(np.all(np.abs(x[integer] - np.round(x[integer])) <= INTEGRAL_TOL)):
             value = model.objective.value(x.tolist())  # as the MIP backends report it
             if value < min(best[0], cutoff):
@@ -209,9 +209,8 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
             for q, g in fixed.items():
                 for j in lp.others(q, g).tolist():
                     sub.set_upper_bound(j, 0.0)
-            sub.choice_groups = []
             res = HighsBackend().solve(sub, replace(options, time_limit_s=deadline - time.perf_counter(),
-                                                    cutoff=limit(), use_hint=False))
+                                                    cutoff=limit(), use_hint=False, group_branching=False))
             if res.values is not None and res.objective is not None and res.objective < best[0]:
                 best[0], best[1] = res.objective, np.asarray(res.values)
                 traj.record(res.objective, None)

@@ -136,10 +136,6 @@ class SequenceMIP:
         cands = p.candidates
         islands = sorted(p.island_gpus)
         self.x = [[md.add_binary(f"x[{k},{j}]") for j in range(len(ts))] for k, ts in enumerate(self.at)]
-        # one type per position: its island is a choice group (solvers/group_branching.py)
-        md.choice_groups = [[[v.index for v, t in zip(self.x[k], self.at[k]) if cands[t.candidate].island == i]
-                             for i in islands] for k in range(P)]
-        md.choice_groups = [[g for g in pos if g] for pos in md.choice_groups]
 
         def row(name: str, coefs: dict[int, float], lb: float, ub: float) -> None:
             md.add(Constraint(coefs, lb, ub), name)
@@ -290,6 +286,8 @@ class SequenceMIP:
         self.aux.update({f"T[{k}]": v for k, v in enumerate(T)})
         self.aux.update({f"B[{k}]": v for k, v in enumerate(B)})
         self.aux.update({f"c[{k}]": v for k, v in enumerate(c_lo)})
+        # one type per position: its island is a choice group (solvers/group_branching.py)
+        md.choice_groups = [list(self.island_columns(k).values()) for k in range(P)]
         return self
 
     def _join(self, floor: LinExpr) -> None:
