@@ -184,6 +184,14 @@ def test_island_link_spread_tells_slow_island_boundaries_from_fast_ones(nic_gbps
     assert island_link_spread(problem, one, hi) == 0.0
 
 
+def test_sequence_model_is_exact_where_stage_sizes_leave_gpus_of_an_island_idle():
+    # stages of 3 GPUs on islands of 7 and 8: the GPU rows read 6 (problem.largest_total)
+    from test_aggregated_rows import _odd_islands
+
+    _check_context(_odd_islands())
+    _check_context(_odd_islands(), joined=True)
+
+
 def test_joined_rows_keep_the_best_plan_on_unequal_links():
     assert _check_problem(_mixed().problem(2), joined=True) >= 5
 

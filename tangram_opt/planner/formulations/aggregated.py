@@ -33,7 +33,7 @@ import numpy as np
 from tangram_opt.planner.formulations.aggregated_rows import OrderRows, StageArrays, total_T_expr
 from tangram_opt.planner.formulations.neighbour_classes import NeighbourClasses, add_neighbour_classes
 from tangram_opt.planner.formulations.ordering import best_order
-from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, island_capacities
 from tangram_opt.planner.formulations.stage_types import StageType, enumerate_types
 from tangram_opt.planner.formulations.ticks import rounders
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var, lsum
@@ -79,6 +79,8 @@ class AggregatedMIP(OrderRows):
     medium: list[tuple[Var, frozenset[int]]] = field(default_factory=list)
     #: neighbour-class rows (neighbour_classes.py), None where the window has none
     classes: NeighbourClasses | None = None
+    #: per island, the most GPUs the window's stage sizes can occupy (problem.largest_total)
+    capacity: dict[int, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -159,12 +161,14 @@ class AggregatedMIP(OrderRows):
             md.add(per_kind[k] == p.layers[k], f"layers[{k}]")
 
         islands = sorted(p.island_gpus)
+        # what the window's stage sizes can occupy of each island (problem.largest_total)
+        cap = self.capacity = island_capacities(p, (t.candidate for ts in self.types.values() for t in ts))
         gpus_on = {i: LinExpr() for i in islands}
         for role, group in columns:
             for si, var in group.items():
                 gpus_on[island[role][si]].add_term(var, gpus[role][si])
         for i in islands:
-            md.add(gpus_on[i] <= p.island_gpus[i], f"gpus[{i}]")
+            md.add(gpus_on[i] <= cap[i], f"gpus[{i}]")
 
         # positions: P = 2 + n_mid <= R; memory by Hall's condition; first stage at distance P - 1
         md.add(n_mid <= R - 2, "max_stages")
@@ -228,7 +232,7 @@ class AggregatedMIP(OrderRows):
                 for si, var in group.items():
                     work_on[island[role][si]].add_term(var, gpus[role][si] * time[role][si])
             for i in islands:
-                md.add(work_on[i] <= p.island_gpus[i] * Smax, f"fluid[{i}]")
+                md.add(work_on[i] <= cap[i] * Smax, f"fluid[{i}]")
 
         # p2p: a[i, j] counts pipeline boundaries from a stage on island i to one on island j. Every
         # stage but the last sends once and every stage but the first receives once, so for any
@@ -254,7 +258,7 @@ class AggregatedMIP(OrderRows):
             # the island's GPUs in use say it is used: the stage count alone (on_def) lets the LP
             # hold on[i] near n_i / R on an island whose every GPU it uses, which leaves the
             # connectivity rows below empty (formulations/pipeline_mip.md §5, fourteenth round)
-            md.add(gpus_on[i] <= p.island_gpus[i] * yi, f"on_gpus[{i}]")
+            md.add(gpus_on[i] <= cap[i] * yi, f"on_gpus[{i}]")
             md.add(self.a[i, i] <= on_island[i] - yi, f"inner[{i}]")
         # connectivity: the stages form one path, so every split of the used islands into two
         # groups is crossed by at least one boundary (subtour elimination at island level)

@@ -363,9 +363,9 @@ class OrderRows:
         """``Y + U`` is at least every stage's *reach* ``v_s`` (its tail, plus its own backward
         and out-link when it is not the last stage: U counts them, but they are not upstream of
         it), hence at least any average of the reaches with weights summing to at most 1, such as
-        GPUs over an island's GPUs (``tail_gpus[i]``). Unlike ``tail_mid``, the row reads no "type
-        used" binary, so spreading a slow-NIC island's stages over many fractional types does not
-        hide their tails (formulations/pipeline_mip.md §3).
+        GPUs over what the window's stages can occupy of the island (``capacity``; ``tail_gpus[i]``).
+        Unlike ``tail_mid``, the row reads no "type used" binary, so spreading a slow-NIC island's
+        stages over many fractional types does not hide their tails (formulations/pipeline_mip.md §3).
         In a tail window some stage's tail exceeds ``lower_tail_s``, so the largest reach is at
         least ``theta`` (that edge in ticks) and only the reaches' excess over ``theta`` is averaged:
         ``Y + U >= theta + sum w_s (v_s - theta)^+ x_s``."""
@@ -378,8 +378,8 @@ class OrderRows:
                    for role, group in columns for si, var in group.items()
                    if island[role][si] == i and reach[role][si] > 0}
             if row:
-                row[Y.index] = row[U.index] = float(p.island_gpus[i])
-                md.add(Constraint(row, float(p.island_gpus[i] * theta), math.inf), f"tail_gpus[{i}]")
+                row[Y.index] = row[U.index] = float(self.capacity[i])
+                md.add(Constraint(row, float(self.capacity[i] * theta), math.inf), f"tail_gpus[{i}]")
 
     def _tail_window_rows(self, md: LinearModel, Y: Var, sent_ub: LinExpr, fl, ce,  # type: ignore[no-untyped-def]
                           out_lo: dict[int, int], *, successors: bool) -> None:

@@ -13,20 +13,22 @@ from __future__ import annotations
 import math
 
 from tangram_opt.planner.formulations.inflight import inflight_micro_batches
-from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing
+from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing, island_capacities
 
 
 def fluid_bottleneck_s(problem: PipelineProblem) -> float:
     """Lower bound on the bottleneck stage time: per layer kind, L_k / sum_i (N_i / min_{c in i} g_c t_c).
 
-    Each island's GPUs deliver at most N_i GPU-seconds of work per second of bottleneck time, and a
-    layer of kind k costs at least min g_c t_c GPU-seconds there.
+    Each island's GPUs deliver at most N_i GPU-seconds of work per second of bottleneck time (N_i:
+    the GPUs its candidates' sizes can occupy, problem.largest_total), and a layer of kind k costs
+    at least min g_c t_c GPU-seconds there.
     """
     cands = problem.candidates
     fluid = 0.0
     islands = {c.island for c in cands}
+    cap = island_capacities(problem, range(len(cands)))  # what the candidates' sizes can occupy
     for k, n in problem.layers.items():
-        rate = sum(problem.island_gpus[i] / min(c.gpus * c.layer[k].time_s for c in cands if c.island == i)
+        rate = sum(cap[i] / min(c.gpus * c.layer[k].time_s for c in cands if c.island == i)
                    for i in islands)
         fluid = max(fluid, n / rate)
     return fluid

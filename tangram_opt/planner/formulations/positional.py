@@ -30,7 +30,7 @@ from tangram_opt import units as u
 from tangram_opt.planner.formulations.bounds import quick_lower_bound
 from tangram_opt.planner.formulations.inflight import inflight_from_end
 from tangram_opt.planner.formulations.problem import (FORMULATION_OBJECTIVES, FormulationOptions, PipelineProblem,
-                                                      StageChoice)
+                                                      StageChoice, island_capacities)
 from tangram_opt.planner.formulations.ticks import rounders, rounding_ticks
 from tangram_opt.solvers.model import LinearModel, LinExpr, Var, lsum
 
@@ -159,11 +159,12 @@ class PositionalMIP:
                 if r + 1 < R:
                     md.add(self.u[r] >= self.u[r + 1], f"order_mono[{r}]")
 
-        # GPU budget per island
+        # GPU budget per island: what the candidates' sizes can occupy of it (problem.largest_total)
         islands = sorted({c.island for c in cands})
+        cap = island_capacities(p, range(len(cands)))
         for i in islands:
             md.add(lsum(cands[ci].gpus * xv for (r, ci), xv in self.x.items() if cands[ci].island == i)
-                   <= p.island_gpus[i], f"gpus[{i}]")
+                   <= cap[i], f"gpus[{i}]")
 
         # stage times (floor: lower bound) and the backward part (ceil: used with a minus sign)
         def stage_expr(r: int, part: str, rnd) -> LinExpr:  # type: ignore[no-untyped-def]
@@ -262,7 +263,7 @@ class PositionalMIP:
                     c = cands[ci]
                     if c.island == i:
                         e.add_term(var, c.gpus * fl(c.layer[k].time_s))
-                md.add(e <= p.island_gpus[i] * Smax, f"fluid[{i}]")
+                md.add(e <= cap[i] * Smax, f"fluid[{i}]")
 
         Y = self.aux["Y"] = md.add_var("Y", 0, big_t, integer=True)
         for r in range(R):

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tangram_opt.planner.candidates.table import BoundaryLink, Candidate, boundary_time_s
@@ -192,6 +192,32 @@ def island_usd_per_hour(steps: Sequence[tuple[int, float]], gpus: int) -> float:
     return total
 
 
+def largest_total(limit: int, sizes: Iterable[int]) -> int:
+    """The largest sum of ``sizes`` (each any number of times) that is at most ``limit``: how many
+    of an island's ``limit`` GPUs stages of these sizes can occupy at once. With stages of 24 and
+    48 GPUs on a 128-GPU island it is 120, and every island row of a model (GPUs, fluid work, tail
+    averages) may read it instead of 128: a Chvatal-Gomory rounding of the capacity row that the
+    LP relaxation, which fills the island to its last GPU with fractional stages, does not see
+    (formulations/pipeline_mip.md §3, "Island capacity")."""
+    reach, mask = 1, (1 << (limit + 1)) - 1  # bit x: some stages occupy exactly x GPUs
+    for s in sorted(set(sizes)):
+        shift = s
+        while 0 < shift <= limit:  # doubling: after shifts s, 2s, ..., 2^k s every multiple up to (2^(k+1) - 1) s
+            reach |= (reach << shift) & mask
+            shift *= 2
+    return reach.bit_length() - 1
+
+
+def island_capacities(problem: PipelineProblem, columns: Iterable[int]) -> dict[int, int]:
+    """Per island, :func:`largest_total` of its GPUs over the sizes of the candidates in
+    ``columns`` (candidate indices: a model's stage types) on that island."""
+    sizes: dict[int, set[int]] = {i: set() for i in problem.island_gpus}
+    for ci in columns:
+        c = problem.candidates[ci]
+        sizes[c.island].add(c.gpus)
+    return {i: largest_total(g, sizes[i]) for i, g in problem.island_gpus.items()}
+
+
 def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
     """The closed form of the pipeline ``choices`` (pipeline order) with its exact boundaries."""
     cands = problem.candidates
@@ -200,4 +226,4 @@ def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> 
 
 
 __all__ = ["FORMULATION_OBJECTIVES", "FormulationOptions", "PipelineProblem", "StageChoice", "choices_timing",
-           "island_usd_per_hour"]
+           "island_capacities", "island_usd_per_hour", "largest_total"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from tangram_opt.planner.candidates.table import sends_no_slower
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.inflight import inflight_micro_batches
-from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice
+from tangram_opt.planner.formulations.problem import FormulationOptions, PipelineProblem, StageChoice, island_capacities
 from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.planner.formulations.ticks import rounders, rounding_ticks
 from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
@@ -150,12 +150,13 @@ class SequenceMIP:
             for k in range(P):
                 coefs.update(per_position(k, lambda t: t.layer_dict.get(kind, 0)))
             row(f"layers[{kind}]", coefs, p.layers[kind], p.layers[kind])
+        cap = island_capacities(p, (t.candidate for ts in self.at for t in ts))  # problem.largest_total
         for i in islands:
             coefs = {}
             for k in range(P):
                 coefs.update(per_position(
                     k, lambda t: cands[t.candidate].gpus if cands[t.candidate].island == i else 0))
-            row(f"gpus[{i}]", coefs, -math.inf, p.island_gpus[i])
+            row(f"gpus[{i}]", coefs, -math.inf, cap[i])
 
         # stage times, backward and tail per position as integer variables: the block rows then
         # stay sparse (every block references its positions' time variables, not their types)

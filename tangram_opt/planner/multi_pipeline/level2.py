@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram_opt.planner.context import PlanningContext
+from tangram_opt.planner.formulations.problem import largest_total
 from tangram_opt.planner.formulations.ticks import LEVEL2_TICKS, rounders, tick_for
 from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_factor
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
@@ -75,6 +76,18 @@ OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
 PRIMAL_ONLY_MIN_S = 1.0
 
 
+def island_capacities(ctx: PlanningContext, templates: Sequence[Template]) -> dict[int, int]:
+    """Per island, the most of its GPUs that replicas of ``templates`` can hold at once: the largest
+    sum of the templates' GPU counts there that is at most the island's GPUs
+    (formulations/problem.py ``largest_total``; formulations/multi_pipeline.md, "Island capacity")."""
+    sizes: dict[int, set[int]] = {i.index: set() for i in ctx.islands}
+    for t in templates:
+        for i, g in t.gpus.items():
+            if g:
+                sizes[i].add(g)
+    return {i.index: largest_total(i.num_gpus, sizes[i.index]) for i in ctx.islands}
+
+
 def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> float:
     """Most sequences per second any set of replicas can sustain (LP over fractional replica counts).
 
@@ -83,10 +96,11 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> flo
     """
     md = LinearModel(name="fluid")
     x = [md.add_var(f"x{t.index}", 0.0, math.inf) for t in templates]
+    cap = island_capacities(ctx, templates)
     for isl in ctx.islands:
         terms = [t.gpus[isl.index] * v for t, v in zip(templates, x) if t.gpus.get(isl.index)]
         if terms:
-            md.add(lsum(terms) <= isl.num_gpus, f"gpus[{isl.index}]")
+            md.add(lsum(terms) <= cap[isl.index], f"gpus[{isl.index}]")
     md.minimize(lsum(-(t.b / max(t.min_period_s, 1e-12)) * v for t, v in zip(templates, x)))
     lp = lp_relaxation_bound(md, 10.0)
     if lp is not None and math.isfinite(lp):
@@ -97,7 +111,7 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> flo
         rate = t.b / max(t.min_period_s, 1e-12) / t.total_gpus
         for i in t.gpus:
             best[i] = max(best[i], rate)
-    return sum(best[i.index] * i.num_gpus for i in ctx.islands)
+    return sum(best[i.index] * cap[i.index] for i in ctx.islands)
 
 
 def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: TemplatePricer, *, cutoff_s: float,
@@ -171,10 +185,11 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         md.add(n[t.index, m] <= cap[t.index] * v[t.index, m], f"nv[{t.index},{m}]")
         md.add(n[t.index, m] >= v[t.index, m], f"vn[{t.index},{m}]")
     md.add(lsum(t.b * m * n[t.index, m] for t, m, _ in pairs) == B, "batch")
+    gpus_cap = island_capacities(ctx, used_t)
     for isl in ctx.islands:
         terms = [t.gpus[isl.index] * n[t.index, m] for t, m, _ in pairs if t.gpus.get(isl.index)]
         if terms:
-            md.add(lsum(terms) <= isl.num_gpus, f"gpus[{isl.index}]")
+            md.add(lsum(terms) <= gpus_cap[isl.index], f"gpus[{isl.index}]")
     y = {R: md.add_binary(f"y[{R}]") for R in range(2, Rmax + 1)}
     md.add(lsum(y.values()) == 1, "one_R")
     md.add(lsum(n.values()) == lsum(R * yv for R, yv in y.items()), "R")
@@ -189,7 +204,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
     for isl in ctx.islands:
         terms = [t.gpus[isl.index] * fl(cf) * n[t.index, m] for t, m, cf in pairs if t.gpus.get(isl.index)]
         if terms:
-            md.add(lsum(terms) <= isl.num_gpus * tp, f"gpu_time[{isl.index}]")
+            md.add(lsum(terms) <= gpus_cap[isl.index] * tp, f"gpu_time[{isl.index}]")
     for t, m, cf in pairs:
         md.add(tp >= fl(cf) * v[t.index, m], f"pipe[{t.index},{m}]")
     # w[t]: template t has a replica (per-template rows keep the model small for LP-based presolve)
@@ -218,7 +233,8 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
 
     md.add(x >= rho + lat[2] + zl(2), "sync_R2")  # 2(R-1)/R >= 1 and latencies grow with R
     if strengthen:
-        _gpu_weighted_rows(md, ctx, pairs, n, ((rho, lambda t: fl(t.ratio_s)), (o, lambda t: fl(t.optimizer_s))))
+        _gpu_weighted_rows(md, ctx, pairs, n, ((rho, lambda t: fl(t.ratio_s)), (o, lambda t: fl(t.optimizer_s))),
+                           gpus_cap)
         _average_rows(md, y, lsum(n.values()), (
             ("rho", rho, rho_ub, [(fl(t.ratio_s), n[t.index, m]) for t, m, _ in pairs]),
             ("pipe", tp, cf_max, [(fl(cf), n[t.index, m]) for t, m, cf in pairs])))
@@ -427,20 +443,21 @@ def _average_rows(md: LinearModel, y: dict[int, Any], replicas: Any,
 
 
 def _gpu_weighted_rows(md: LinearModel, ctx: PlanningContext, pairs: Sequence[tuple[Template, int, float]],
-                       n: dict[tuple[int, int], Var], maxima: Sequence[tuple[Var, Any]]) -> None:
+                       n: dict[tuple[int, int], Var], maxima: Sequence[tuple[Var, Any]], cap: dict[int, int]) -> None:
     """A maximum over the pipelines is at least their average weighted by each one's GPUs on an
     island (issue 27, seventh round): ``N_i M >= sum_{t,m} g_{t,i} a_t n[t,m]`` for ``M`` = ``Rho``
     (``a`` = the template's ratio) and ``M`` = ``Opt`` (its optimizer step), as ``gpu_time`` does
     for ``Tpipe``. Every used template has ``a_t <= M`` and the replicas hold at most ``N_i`` GPUs
-    of island ``i``. The rows need no ``y[R]``: where the plain average lets light replicas that
-    hold few GPUs dilute it, these weigh each by its GPUs, and large templates, which carry the
-    largest gradient shards per GPU over slow NICs, cannot hide behind small ones."""
+    of island ``i`` (its capacity ``cap``: ``island_capacities``). The rows need no ``y[R]``: where
+    the plain average lets light replicas that hold few GPUs dilute it, these weigh each by its
+    GPUs, and large templates, which carry the largest gradient shards per GPU over slow NICs,
+    cannot hide behind small ones."""
     for isl in ctx.islands:
         for var, value in maxima:
             terms = [(t.gpus[isl.index] * a, n[t.index, m]) for t, m, _ in pairs
                      if t.gpus.get(isl.index) and (a := value(t)) > 0]
             if terms:
-                md.add(lsum(c * v for c, v in terms) <= isl.num_gpus * var, f"{var.name.lower()}_gpus[{isl.index}]")
+                md.add(lsum(c * v for c, v in terms) <= cap[isl.index] * var, f"{var.name.lower()}_gpus[{isl.index}]")
 
 
 def _patterns(zs: _ZoneBounds, y: dict[int, Any]) -> list[dict[Any, int]]:
