@@ -13,9 +13,11 @@ columns into groups, such that every integer solution has nonzero columns of at 
 per position (the caller's promise; the planner's positions use exactly one column). This module
 searches best first, plunging into the best child of each node it expands, over partial
 assignments (position -> group): a node's LP is the model's with the other groups' columns of
-every assigned position fixed to 0, and its children assign the unassigned position whose LP mass
-is the most spread (the largest group's share the smallest), one child per group; a child whose
-reduced-cost floor reaches the limit is closed without its LP.
+every assigned position fixed to 0, and its children assign the first position, in the model's
+order, whose LP mass is split over its groups, one child per group; a child whose reduced-cost
+floor reaches the limit is closed without its LP. (The planner's positions run from the first
+pipeline stage, and what a position's rows price, its step tail above all, depends on the
+positions before it: assigning those first makes the rows exact in order.)
 A node closes when its LP is infeasible, reaches the cutoff (or the best solution found, less the
 gap tolerances), or is integral (a solution). A node with every position assigned and a
 fractional LP is solved as a MIP. Each child is a restriction of its parent and the children of a
@@ -143,15 +145,16 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         return min(cutoff, b - max(abs_gap, options.rel_gap * abs(b)))
 
     def branch_position(fixed: dict[int, int], x: Any) -> int | None:
-        """The unassigned position of several groups whose largest group holds the least LP mass."""
-        pick, share = None, math.inf
+        """The first unassigned position (in the model's order) whose LP mass is split over its
+        groups, else the first unassigned one of several groups (None: every position assigned)."""
+        first = None
         for p, pos in enumerate(groups):
             if p in fixed or len(pos) < 2:
                 continue
-            top = max(float(x[g].sum()) for g in pos)
-            if top < share - 1e-9:
-                pick, share = p, top
-        return pick
+            if max(float(x[g].sum()) for g in pos) < 1 - INTEGRAL_TOL:
+                return p
+            first = p if first is None else first
+        return first
 
     opened = 0
     heap: list[tuple[float, int, dict[int, int], Any]] = []
