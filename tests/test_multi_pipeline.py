@@ -357,6 +357,20 @@ def test_sub_provider_tables_are_the_full_tables_renumbered_and_kept():
     assert want[0].on_island(main.index) is want[0]
 
 
+def test_replica_capacities_are_the_largest_sums_of_the_template_sizes(tiny):
+    # level 2 reads, per island, the most GPUs replicas of its templates can hold at once
+    from tangram_opt.planner.formulations.problem import largest_total
+    from tangram_opt.planner.multi_pipeline.level2 import _replica_capacities
+
+    _, _, _, _, _, ctx, run, _, _ = tiny
+    caps = _replica_capacities(ctx, run.templates)
+    for isl in ctx.islands:
+        sizes = {t.gpus[isl.index] for t in run.templates if t.gpus.get(isl.index)}
+        assert caps[isl.index] == largest_total(isl.num_gpus, sizes) <= isl.num_gpus
+    three = dataclasses.replace(run.templates[0], gpus={0: 3})  # 3 GPUs on a 4-GPU island: one replica
+    assert ctx.islands[0].num_gpus == 4 and _replica_capacities(ctx, [three]) == {0: 3, 1: 0}
+
+
 def test_split_micro_batches_is_exact_and_balanced():
     ctx = PlanningContext(load_cluster("tiny-mixed"), load_model("opt-350m"),
                           TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16"))

@@ -76,7 +76,7 @@ OPTIMAL_RESOLUTION = 3 / LEVEL2_TICKS
 PRIMAL_ONLY_MIN_S = 1.0
 
 
-def island_capacities(ctx: PlanningContext, templates: Sequence[Template]) -> dict[int, int]:
+def _replica_capacities(ctx: PlanningContext, templates: Sequence[Template]) -> dict[int, int]:
     """Per island, the most of its GPUs that replicas of ``templates`` can hold at once: the largest
     sum of the templates' GPU counts there that is at most the island's GPUs
     (formulations/problem.py ``largest_total``; formulations/multi_pipeline.md, "Island capacity")."""
@@ -96,7 +96,7 @@ def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> flo
     """
     md = LinearModel(name="fluid")
     x = [md.add_var(f"x{t.index}", 0.0, math.inf) for t in templates]
-    cap = island_capacities(ctx, templates)
+    cap = _replica_capacities(ctx, templates)
     for isl in ctx.islands:
         terms = [t.gpus[isl.index] * v for t, v in zip(templates, x) if t.gpus.get(isl.index)]
         if terms:
@@ -185,7 +185,7 @@ def solve_level2(ctx: PlanningContext, templates: Sequence[Template], pricer: Te
         md.add(n[t.index, m] <= cap[t.index] * v[t.index, m], f"nv[{t.index},{m}]")
         md.add(n[t.index, m] >= v[t.index, m], f"vn[{t.index},{m}]")
     md.add(lsum(t.b * m * n[t.index, m] for t, m, _ in pairs) == B, "batch")
-    gpus_cap = island_capacities(ctx, used_t)
+    gpus_cap = _replica_capacities(ctx, used_t)
     for isl in ctx.islands:
         terms = [t.gpus[isl.index] * n[t.index, m] for t, m, _ in pairs if t.gpus.get(isl.index)]
         if terms:
@@ -448,7 +448,7 @@ def _gpu_weighted_rows(md: LinearModel, ctx: PlanningContext, pairs: Sequence[tu
     island (issue 27, seventh round): ``N_i M >= sum_{t,m} g_{t,i} a_t n[t,m]`` for ``M`` = ``Rho``
     (``a`` = the template's ratio) and ``M`` = ``Opt`` (its optimizer step), as ``gpu_time`` does
     for ``Tpipe``. Every used template has ``a_t <= M`` and the replicas hold at most ``N_i`` GPUs
-    of island ``i`` (its capacity ``cap``: ``island_capacities``). The rows need no ``y[R]``: where
+    of island ``i`` (its capacity ``cap``: ``_replica_capacities``). The rows need no ``y[R]``: where
     the plain average lets light replicas that hold few GPUs dilute it, these weigh each by its
     GPUs, and large templates, which carry the largest gradient shards per GPU over slow NICs,
     cannot hide behind small ones."""
