@@ -208,14 +208,20 @@ def largest_total(limit: int, sizes: Iterable[int]) -> int:
     return reach.bit_length() - 1
 
 
+def capacities(limits: dict[int, int], sized: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """Per island ``i``, :func:`largest_total` of ``limits[i]`` over the sizes that ``sized``
+    (pairs ``(island, size)``) gives it."""
+    sizes: dict[int, set[int]] = {i: set() for i in limits}
+    for i, g in sized:
+        sizes[i].add(g)
+    return {i: largest_total(n, sizes[i]) for i, n in limits.items()}
+
+
 def island_capacities(problem: PipelineProblem, columns: Iterable[int]) -> dict[int, int]:
     """Per island, :func:`largest_total` of its GPUs over the sizes of the candidates in
     ``columns`` (candidate indices: a model's stage types) on that island."""
-    sizes: dict[int, set[int]] = {i: set() for i in problem.island_gpus}
-    for ci in columns:
-        c = problem.candidates[ci]
-        sizes[c.island].add(c.gpus)
-    return {i: largest_total(g, sizes[i]) for i, g in problem.island_gpus.items()}
+    cands = problem.candidates
+    return capacities(problem.island_gpus, ((cands[ci].island, cands[ci].gpus) for ci in columns))
 
 
 def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> PipelineTiming:
@@ -225,5 +231,5 @@ def choices_timing(problem: PipelineProblem, choices: Sequence[StageChoice]) -> 
                            problem.num_micro_batches, problem.schedule)
 
 
-__all__ = ["FORMULATION_OBJECTIVES", "FormulationOptions", "PipelineProblem", "StageChoice", "choices_timing",
-           "island_capacities", "island_usd_per_hour", "largest_total"]
+__all__ = ["FORMULATION_OBJECTIVES", "FormulationOptions", "PipelineProblem", "StageChoice", "capacities",
+           "choices_timing", "island_capacities", "island_usd_per_hour", "largest_total"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tangram_opt.planner.context import PlanningContext
-from tangram_opt.planner.formulations.problem import largest_total
+from tangram_opt.planner.formulations.problem import capacities
 from tangram_opt.planner.formulations.ticks import LEVEL2_TICKS, rounders, tick_for
 from tangram_opt.planner.multi_pipeline.sync_model import latency_steps, ring_factor
 from tangram_opt.planner.multi_pipeline.templates import Template, TemplatePricer
@@ -80,12 +80,8 @@ def _replica_capacities(ctx: PlanningContext, templates: Sequence[Template]) -> 
     """Per island, the most of its GPUs that replicas of ``templates`` can hold at once: the largest
     sum of the templates' GPU counts there that is at most the island's GPUs
     (formulations/problem.py ``largest_total``; formulations/multi_pipeline.md, "Island capacity")."""
-    sizes: dict[int, set[int]] = {i.index: set() for i in ctx.islands}
-    for t in templates:
-        for i, g in t.gpus.items():
-            if g:
-                sizes[i].add(g)
-    return {i.index: largest_total(i.num_gpus, sizes[i.index]) for i in ctx.islands}
+    return capacities({i.index: i.num_gpus for i in ctx.islands},
+                      ((i, g) for t in templates for i, g in t.gpus.items() if g))
 
 
 def fluid_throughput(ctx: PlanningContext, templates: Sequence[Template]) -> float:
