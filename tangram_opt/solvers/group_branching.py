@@ -15,7 +15,9 @@ searches best first, plunging into the best child of each node it expands, over 
 assignments (position -> group): a node's LP is the model's with the other groups' columns of
 every assigned position fixed to 0, and its children assign the first position, in the model's
 order, whose LP mass is split over its groups, one child per group; a child whose reduced-cost
-floor reaches the limit is closed without its LP. (The planner's positions run from the first
+floor reaches the limit is closed without its LP. Reduced costs also fix columns: an integer
+column at its lower bound whose reduced cost lifts the node's LP to the limit stays there in the
+node's whole subtree (its LPs see it fixed). (The planner's positions run from the first
 pipeline stage, and what a position's rows price, its step tail above all, depends on the
 positions before it: assigning those first makes the rows exact in order.)
 A node closes when its LP is infeasible, reaches the cutoff (or the best solution found, less the
@@ -78,24 +80,20 @@ class _Lp:
         # 0 cannot be chosen and is left out
         self.groups = [[g for g in (np.asarray([j for j in grp if self.ub[j] > 0], dtype=np.int32) for grp in pos)
                         if len(g)] for pos in model.choice_groups]
-        self.applied: dict[int, int] = {}
+        self.current_ub = self.ub.copy()
         self.solves = 0
 
-    def _set(self, cols: Any, ub: Any) -> None:
-        self.h.changeColsBounds(len(cols), cols, self.lb[cols], ub)
-
-    def assign(self, fixed: dict[int, int]) -> None:
-        """Make the LP's bounds those of the partial assignment ``fixed``."""
-        for p, g in list(self.applied.items()):
-            if fixed.get(p) != g:
-                cols = self.others(p, g)
-                self._set(cols, self.ub[cols])
-                del self.applied[p]
+    def assign(self, fixed: dict[int, int], zeroed: Any) -> None:
+        """Make the LP's bounds those of the partial assignment ``fixed``, with the columns
+        ``zeroed`` (indices) held at their lower bounds too."""
+        ub = self.ub.copy()
         for p, g in fixed.items():
-            if self.applied.get(p) != g:
-                cols = self.others(p, g)
-                self._set(cols, self.np.zeros(len(cols)))
-                self.applied[p] = g
+            ub[self.others(p, g)] = 0.0
+        ub[zeroed] = self.lb[zeroed]
+        cols = self.np.flatnonzero(ub != self.current_ub).astype(self.np.int32)
+        if len(cols):
+            self.h.changeColsBounds(len(cols), cols, self.lb[cols], ub[cols])
+            self.current_ub = ub
 
     def others(self, p: int, g: int) -> Any:
         rest = [c for k, c in enumerate(self.groups[p]) if k != g]
@@ -157,14 +155,18 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         return first
 
     opened = 0
-    heap: list[tuple[float, int, dict[int, int], Any]] = []
+    fixings = 0
+    heap: list[tuple[float, int, dict[int, int], Any, Any]] = []
+    movable = integer & (lp.ub > lp.lb)
 
-    def evaluate(fixed: dict[int, int], parent_value: float) -> tuple[float, int, dict[int, int], Any] | None:
-        """Solve the LP of ``fixed``: None when it closes (pruned, infeasible or a solution, which
-        is recorded), else the open node (with the position it branches on next, None when every
-        position is assigned, -1 when its LP ran out of time)."""
-        nonlocal opened
-        lp.assign(fixed)
+    def evaluate(fixed: dict[int, int], parent_value: float,
+                 zeroed: Any) -> tuple[float, int, dict[int, int], Any, Any] | None:
+        """Solve the LP of ``fixed`` (with the columns ``zeroed`` at their lower bounds): None when
+        it closes (pruned, infeasible or a solution, which is recorded), else the open node (with
+        the position it branches on next, None when every position is assigned, -1 when its LP
+        ran out of time, and the columns its subtree holds at their lower bounds)."""
+        nonlocal opened, fixings
+        lp.assign(fixed, zeroed)
         status, value, solution = lp.solve(deadline - time.perf_counter())
         if status == "infeasible" or value >= limit():
             return None
@@ -172,8 +174,18 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         if status == "unknown":
             # out of time: the node stays open with its parent's bound; else (HiGHS without an
             # answer on this LP) it is solved as a MIP
-            return (parent_value, opened, fixed, -1 if time.perf_counter() >= deadline else None)
+            return (parent_value, opened, fixed, -1 if time.perf_counter() >= deadline else None, zeroed)
         x, reduced = solution
+        # reduced-cost fixing: an integer column at its lower bound whose reduced cost lifts the
+        # LP to the limit when it rises by one holds its lower bound in every solution of interest
+        # below this node (the limit only falls, so this stays true)
+        free = movable & (lp.current_ub > lp.lb)
+        lift = limit() - value + FLOOR_TOL * max(1.0, abs(value))
+        at_lower = np.abs(x - lp.lb) <= INTEGRAL_TOL
+        new = np.flatnonzero(free & at_lower & (reduced >= lift))
+        if len(new):
+            fixings += len(new)
+            zeroed = np.union1d(zeroed, new).astype(np.int32)
         if bool(np.all(np.abs(x[integer] - np.round(x[integer])) <= INTEGRAL_TOL)):
             value = model.objective.value(x.tolist())  # as the MIP backends report it
             if value < min(best[0], cutoff):
@@ -182,15 +194,18 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
             return None
         p = branch_position(fixed, x)
         if p is None:
-            return (value, opened, fixed, None)
+            return (value, opened, fixed, None, zeroed)
         # a child puts one unit on its group's columns, each of which (at its lower bound 0 here,
         # or basic with no reduced cost) raises the LP by at least its reduced cost: a child whose
-        # least rise reaches the limit is pruned without its LP
-        floors = tuple(value + max(0.0, float(reduced[g].min())) - FLOOR_TOL * max(1.0, abs(value))
-                       for g in groups[p])
-        return (value, opened, fixed, (p, floors))
+        # least rise reaches the limit is pruned without its LP (as is one whose columns are all
+        # held at 0)
+        open_cols = lp.ub > 0
+        open_cols[zeroed] = False
+        floors = tuple(value + max(0.0, float(reduced[g][open_cols[g]].min())) - FLOOR_TOL * max(1.0, abs(value))
+                       if open_cols[g].any() else math.inf for g in groups[p])
+        return (value, opened, fixed, (p, floors), zeroed)
 
-    root = evaluate({}, -math.inf)
+    root = evaluate({}, -math.inf, np.zeros(0, dtype=np.int32))
     # best first, plunging into the best child of each node expanded (its LP starts from the
     # parent's basis, where a jump across the tree re-solves from a distant one)
     plunge = root
@@ -198,7 +213,7 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
     while plunge is not None or heap:
         node = plunge if plunge is not None else heapq.heappop(heap)
         plunge = None
-        value, _, fixed, p = node
+        value, _, fixed, p, zeroed = node
         if value >= limit():
             continue
         if time.perf_counter() >= deadline or p == -1:
@@ -212,18 +227,20 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
             for q, g in fixed.items():
                 for j in lp.others(q, g).tolist():
                     sub.set_upper_bound(j, 0.0)
+            for j in zeroed.tolist():
+                sub.set_upper_bound(j, float(lp.lb[j]))
             res = HighsBackend().solve(sub, replace(options, time_limit_s=deadline - time.perf_counter(),
                                                     cutoff=limit(), use_hint=False, group_branching=False))
             if res.values is not None and res.objective is not None and res.objective < best[0]:
                 best[0], best[1] = res.objective, np.asarray(res.values)
                 traj.record(res.objective, None)
             if res.status not in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE):
-                heapq.heappush(heap, (max(value, res.bound if res.bound is not None else value), 0, fixed, -1))
+                heapq.heappush(heap, (max(value, res.bound if res.bound is not None else value), 0, fixed, -1, zeroed))
                 finished = False
                 break
             continue
         p, floors = p
-        children = [c for c in (evaluate({**fixed, p: g}, value) for g, floor in enumerate(floors)
+        children = [c for c in (evaluate({**fixed, p: g}, value, zeroed) for g, floor in enumerate(floors)
                                 if floor < limit()) if c is not None]
         if children:
             plunge = min(children)
@@ -234,13 +251,14 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
     # finished: every node closed at the cutoff or at the best solution less the tolerances
     bound = min(open_bound, best[0]) if not finished else limit()
     elapsed = traj.elapsed_s
-    note = f"group branching: {lp.solves} LPs"
+    note = f"group branching: {lp.solves} LPs, {fixings} columns fixed by reduced costs"
     if best[1] is None:
         if finished:
             return SolveResult(status=SolveStatus.INFEASIBLE, backend="highs", solve_time_s=elapsed, message=note)
         traj.record(None, bound)
-        return SolveResult(status=SolveStatus.NO_SOLUTION, backend="highs", bound=bound if math.isfinite(bound) else None,
-                           solve_time_s=elapsed, trajectory=traj.points, message=note)
+        return SolveResult(status=SolveStatus.NO_SOLUTION, backend="highs",
+                           bound=bound if math.isfinite(bound) else None, solve_time_s=elapsed,
+                           trajectory=traj.points, message=note)
     traj.record(best[0], bound)
     return SolveResult(status=SolveStatus.OPTIMAL if finished else SolveStatus.FEASIBLE, backend="highs",
                        objective=float(best[0]), bound=float(bound),
