@@ -717,6 +717,43 @@ def test_group_branching_fixes_columns_by_reduced_cost_and_keeps_the_optimum():
     assert fixed > 0
 
 
+def test_group_branching_lps_each_get_their_own_time_limit():
+    # HiGHS's time limit bounds an object's run time summed over its runs: the LP object of island
+    # branching must give every LP the time asked for, not what is left of the first LP's limit
+    import random
+
+    from tangram_opt.solvers.group_branching import _Lp
+
+    rng = random.Random(0)
+    md = LinearModel()
+    xs = [md.add_var(f"x{j}", 0, 1) for j in range(300)]
+    for r in range(120):
+        md.add(LinExpr({v.index: rng.random() for v in rng.sample(xs, 40)}) <= 5, f"r{r}")
+    md.minimize(LinExpr({v.index: -rng.random() for v in xs}))
+    lp = _Lp(md)
+    limit = 0.05
+    for _ in range(2000):  # cold solves until their run time adds up to twice the limit
+        lp.h.clearSolver()
+        assert lp.solve(limit)[0] == "optimal"
+        if lp.h.getRunTime() > 2 * limit:
+            break
+    assert lp.h.getRunTime() > 2 * limit
+
+
+def test_group_branching_lps_run_after_a_two_thread_solve():
+    # a two-thread solve leaves HiGHS's process-wide pool at two threads, where a one-thread LP
+    # ends at once without an answer (island branching then solved whole subtrees as MIPs): the
+    # LP object sizes the pool to one thread first
+    from tangram_opt.solvers.group_branching import _Lp
+
+    md, best = _grouped_model(9)
+    highs = get_backend("highs")
+    assert highs.solve(_grouped_model(9)[0], SolveOptions(time_limit_s=10, threads=2)).objective == pytest.approx(best)
+    assert _Lp(md).solve(10.0)[0] == "optimal"
+    res = highs.solve(md, SolveOptions(time_limit_s=10, threads=1, group_branching=True))
+    assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_group_branching_with_one_group_per_position_solves_the_restricted_mip(threads):
     md, best = _grouped_model(5)

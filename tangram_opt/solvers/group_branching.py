@@ -56,7 +56,7 @@ class _Lp:
         import highspy
         import numpy as np
 
-        from tangram_opt.solvers.highs import _quiet_stdout, _rows
+        from tangram_opt.solvers.highs import _quiet_stdout, _rows, use_thread_pool
 
         self.np, self.highspy = np, highspy
         n, m = len(model.vars), len(model.constraints)
@@ -70,8 +70,9 @@ class _Lp:
             self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("presolve", "off")
-        # one thread: HiGHS's process-wide pool always has one (a solve asking for more threads
-        # than the pool holds fails, which HighsBackend.solve guards against)
+        # one thread, in a pool of one (use_thread_pool: in a pool left larger by an earlier solve
+        # of the process these LPs end without an answer)
+        use_thread_pool(1)
         self.h.setOptionValue("threads", 1)
         self.h.passModel(n, m, int(start[-1]), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                          float(model.objective.const), cost, self.lb, self.ub, row_lb, row_ub, start[:-1], index,
@@ -103,7 +104,8 @@ class _Lp:
         """("infeasible" | "optimal" | "unknown", objective, (column values, reduced costs, basis)),
         from the basis ``start`` if given (else from the last LP's)."""
         hs = self.highspy
-        self.h.setOptionValue("time_limit", max(0.0, time_limit_s))
+        # HiGHS's time limit bounds the object's run time summed over all its runs (getRunTime)
+        self.h.setOptionValue("time_limit", self.h.getRunTime() + max(0.0, time_limit_s))
         if start is not None:
             self.h.setBasis(start)
         self.solves += 1
@@ -166,9 +168,10 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
     def evaluate(fixed: dict[int, int], parent_value: float, zeroed: Any,
                  start: Any = None) -> tuple[float, int, dict[int, int], Any, Any] | None:
         """Solve the LP of ``fixed`` (with the columns ``zeroed`` at their lower bounds, from the
-        basis ``start``): None when it closes (pruned, infeasible or a solution, which is recorded), else the open node (with
-        the position it branches on next, None when every position is assigned, -1 when its LP
-        ran out of time, and the columns its subtree holds at their lower bounds)."""
+        basis ``start``): None when it closes (pruned, infeasible or a solution, which is
+        recorded), else the open node (with the position it branches on next and the node's
+        basis, None when every position is assigned, -1 when its LP ran out of time; and the
+        columns its subtree holds at their lower bounds)."""
         nonlocal opened, fixings
         lp.assign(fixed, zeroed)
         status, value, solution = lp.solve(deadline - time.perf_counter(), start)

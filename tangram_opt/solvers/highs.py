@@ -39,6 +39,20 @@ def _quiet_stdout():
 _HIGHS_POOL_THREADS: int | None = None
 
 
+def use_thread_pool(threads: int) -> None:
+    """Size HiGHS's process-wide thread pool for a solve with ``threads`` threads. HiGHS sizes it at
+    its first solve, and a later solve that asks for another thread count ends at once without an
+    answer (model status "Not Set"): after a two-thread MIP solve, every one-thread LP of island
+    branching did, and it fell back to solving whole subtrees as MIPs. So the pool is resized
+    on every change."""
+    import highspy
+
+    global _HIGHS_POOL_THREADS
+    if threads != _HIGHS_POOL_THREADS and hasattr(highspy.Highs, "resetGlobalScheduler"):
+        highspy.Highs.resetGlobalScheduler(True)
+    _HIGHS_POOL_THREADS = threads
+
+
 #: the HiGHS heuristics ``SolveOptions(heuristics=False)`` switches off
 HIGHS_SUB_MIP_HEURISTICS = ("mip_heuristic_run_rens", "mip_heuristic_run_rins", "mip_heuristic_run_root_reduced_cost",
                             "mip_heuristic_run_feasibility_jump")
@@ -101,12 +115,7 @@ class HighsBackend(Backend):
         with _quiet_stdout():
             h = highspy.Highs()
         threads = max(1, int(options.threads))
-        global _HIGHS_POOL_THREADS
-        if threads != _HIGHS_POOL_THREADS and hasattr(highspy.Highs, "resetGlobalScheduler"):
-            # HiGHS sizes one thread pool per process at its first solve and fails every later solve
-            # that asks for another thread count (model status "Not Set"): resize it on a change
-            highspy.Highs.resetGlobalScheduler(True)
-        _HIGHS_POOL_THREADS = threads
+        use_thread_pool(threads)
         h.setOptionValue("output_flag", bool(options.log))
         # the array form of passModel: numpy arrays go to HiGHS as buffers, where assigning them to
         # a HighsLp's fields converts element by element (14 -> 10 ms per window LP of ~30,000
