@@ -105,8 +105,11 @@ PRIMAL_MAX_EVERY = 8
 #: knapsack plans whose layer split is polished (the best orders by exact step time)
 KNAPSACK_PLAN_POLISH = 8
 #: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
-#: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py)
-SEQUENCE_WINDOW_RATIO = 1.02
+#: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py).
+#: Single-pipeline, 60 s, "512 L4+A10G+V100, MoE" / "384 V100+A10G, MoE": 1.02 4.33-4.38% /
+#: 3.95%, 1.015 3.90% / 3.88-3.95%, 1.01 4.48% / 3.56%, 1.03 4.26% / 5.96% (formulations/pipeline_mip.md
+#: §5, twenty-fourth round)
+SEQUENCE_WINDOW_RATIO = 1.015
 #: a sequence leaf that came back unfinished with a dual bound below its window's aggregated bound
 #: is solved again with the aggregated model's rows joined to it (``SequenceMIP.relaxation``)
 SEQUENCE_JOIN_AGGREGATED = True
