@@ -292,3 +292,33 @@ def test_tail_window_rows_keep_exactly_the_plans_with_a_tail_above_the_lower_edg
         top = max(ty.tail_s for ts in plain.at for ty in ts)
         assert SequenceMIP(sized, FormulationOptions(tick_s=tick), types, P, 0.0, hi, lower_tail_s=top).build().empty
     assert checked >= 4
+
+
+def test_leaves_of_a_size_narrow_once_one_of_them_came_back_unfinished():
+    # a sequence leaf 1.5% wide is solved as it is until a leaf of its pipeline micro-batch size
+    # comes back unfinished; then it (and every window of that size) is split on the period down
+    # to SEQUENCE_NARROW_RATIO, and other sizes keep the usual width
+    from types import SimpleNamespace
+
+    from tangram_opt.planner.search import tuning
+    from tangram_opt.planner.search.nodes import Node
+    from tangram_opt.planner.search.splitting import WindowSplits
+
+    class Host(WindowSplits):
+        def __init__(self, sequence: bool):
+            self.sequence, self.leaf_ratio = sequence, tuning.SEQUENCE_WINDOW_RATIO
+            self.subs = {8: SimpleNamespace(info={}), 16: SimpleNamespace(info={})}
+
+    assert tuning.SEQUENCE_NARROW_RATIO < 1.015 < tuning.SEQUENCE_WINDOW_RATIO
+    leaf = Node(18.0, b=8, lo_s=0.100, hi_s=0.1015, stages=(12, 12))
+    other = Node(18.0, b=16, lo_s=0.200, hi_s=0.203, stages=(9, 9))
+    host = Host(sequence=True)
+    assert not host.splittable(leaf) and not host.splittable(other)
+    host.subs[8].info["sequence_unfinished"] = tuning.SEQUENCE_NARROW_AFTER
+    assert host.leaf_ratio_of(8) == tuning.SEQUENCE_NARROW_RATIO and host.splittable(leaf)
+    assert host.leaf_ratio_of(16) == tuning.SEQUENCE_WINDOW_RATIO and not host.splittable(other)
+    narrow = Node(18.0, b=8, lo_s=0.100, hi_s=0.1005, stages=(12, 12))
+    assert not host.splittable(narrow)
+    aggregated = Host(sequence=False)  # aggregated leaves keep their own width
+    aggregated.subs[8].info["sequence_unfinished"] = 5
+    assert aggregated.leaf_ratio_of(8) == tuning.SEQUENCE_WINDOW_RATIO

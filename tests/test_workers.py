@@ -11,7 +11,7 @@ import pytest
 from tangram_opt.planner.search import SearchOptions, solve, tuning
 from tangram_opt.planner.search import branch_and_bound as search_module
 from tangram_opt.planner.space import SearchSpace
-from tangram_opt.solvers import SolveOptions, SolveStatus, solve_model
+from tangram_opt.solvers import SolveOptions, SolveResult, SolveStatus, solve_model
 from tangram_opt.solvers.model import LinearModel, lsum
 from tangram_opt.solvers.workers import Shared, SolverPool, SolverWorker, WorkerError
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
@@ -463,3 +463,40 @@ def test_a_solve_by_deadline_answers_as_this_process_would_or_is_stopped():
         stopped = solve_by_deadline(md, "highs", SolveOptions(time_limit_s=10), hard_s=1e-3)
         assert stopped.status == SolveStatus.NO_SOLUTION and stopped.bound is None and "stopped" in stopped.message
         assert not first.alive and pool.idle_worker() is not first
+
+
+def test_a_leaf_that_comes_back_unfinished_narrows_its_size_and_the_optimum_stands(monkeypatch):
+    # the first sequence leaf answers "no solution, no bound" as a leaf out of time would: it goes
+    # back to the queue, its size's leaves narrow (SEQUENCE_NARROW_RATIO) and the search still
+    # proves the optimum of the search that had no such answer
+    cluster, model, training, space = _instance()
+    opts = SearchOptions(sequence_leaves=True, multi_pipeline=False)
+    monkeypatch.setattr(tuning, "SEQUENCE_WINDOW_RATIO", 1.05)  # wide leaves, which the answer narrows
+    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1, options=opts)
+    leaves = []  # (b, hi / lo, unfinished answers so far) of every sequence leaf solved
+    solve_sequence = search_module.BranchAndBound.solve_sequence
+
+    def recording(self, node):
+        leaves.append((node.b, min(node.hi_s, self.inc_s / self.subs[node.b].problem.num_micro_batches) / node.lo_s,
+                       len(unfinished)))
+        return solve_sequence(self, node)
+
+    unfinished = []
+
+    def first_unfinished(md, *args, **kw):
+        if md.name.startswith("sequence_") and not unfinished:
+            unfinished.append(md.name)
+            return SolveResult(status=SolveStatus.NO_SOLUTION, backend="highs", solve_time_s=0.0)
+        return solve_model(md, *args, **kw)
+
+    monkeypatch.setattr(search_module.BranchAndBound, "solve_sequence", recording)
+    monkeypatch.setattr(search_module, "solve_model", first_unfinished)
+    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1, options=opts)
+    assert unfinished, "no sequence leaf was solved"
+    b = int(unfinished[0].split("_b")[1].split("_")[0])
+    before = [r for b_, r, n in leaves if b_ == b and n == 0]
+    after = [r for b_, r, n in leaves if b_ == b and n == 1]
+    assert max(before) > tuning.SEQUENCE_NARROW_RATIO and after  # the leaf came back, and was split
+    assert max(after) <= tuning.SEQUENCE_NARROW_RATIO * (1 + 1e-12)
+    assert plan.certificate.status == "optimal"
+    assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)

@@ -300,6 +300,9 @@ class LeafSolves:
                 if tuning.SEQUENCE_JOIN_AGGREGATED and proved < node.bound_s and not node.joined:
                     node.joined = True
                     sub.info["sequence_weak"] = sub.info.get("sequence_weak", 0) + 1
+                # this size's leaves narrow from now on (``leaf_ratio_of``): this one is split on
+                # the period when next taken, unless it is narrow already
+                sub.info["sequence_unfinished"] = sub.info.get("sequence_unfinished", 0) + 1
                 node.bound_s, node.tries = bound, node.tries + 1
                 heapq.heappush(self.open, node)
         else:

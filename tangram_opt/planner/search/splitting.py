@@ -26,10 +26,19 @@ class WindowSplits:
 
     __slots__ = ()
 
+    def leaf_ratio_of(self, b: int) -> float:
+        """The widest period window (hi / lo) of a leaf of pipeline micro-batch size ``b``:
+        ``leaf_ratio``, or with sequence leaves ``tuning.SEQUENCE_NARROW_RATIO`` once
+        ``tuning.SEQUENCE_NARROW_AFTER`` of its leaves came back unfinished (their proofs take
+        more than a first try's time there, and narrower windows shorten them)."""
+        if self.sequence and self.subs[b].info.get("sequence_unfinished", 0) >= tuning.SEQUENCE_NARROW_AFTER:
+            return min(self.leaf_ratio, tuning.SEQUENCE_NARROW_RATIO)
+        return self.leaf_ratio
+
     def splittable(self, node: Node) -> bool:
         """Wider than a leaf: on the period, then on the stage count (sequence leaves) or on the
         largest step tail (aggregated leaves)."""
-        if node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio:
+        if node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio_of(node.b):
             return True
         if self.sequence:
             return node.stages is None or node.stages[0] < node.stages[1]
@@ -66,7 +75,7 @@ class WindowSplits:
         window is still split (``tuning.WIDE_TAIL_SPLITS``): where exposed gradient sync is a
         large part of the step (slow NICs), the LP prices it only through fractional "type used"
         variables, and a tail window's lower edge forces it (formulations/pipeline_mip.md §5)."""
-        if not tuning.WIDE_TAIL_SPLITS or hi / max(node.lo_s, 1e-30) <= self.leaf_ratio:
+        if not tuning.WIDE_TAIL_SPLITS or hi / max(node.lo_s, 1e-30) <= self.leaf_ratio_of(node.b):
             return None  # narrow on the period: the leaves (or the stage-count splits) take over
         window = self.tail_window(node)
         if window is None:
@@ -78,7 +87,7 @@ class WindowSplits:
 
     def split(self, node: Node) -> None:
         """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
-        wider than ``leaf_ratio``, then either on the stage count (halves of its range; with
+        wider than ``leaf_ratio_of(b)``, then either on the stage count (halves of its range; with
         sequence leaves, the default) or on the largest step tail (arithmetic midpoint; with
         aggregated leaves). A stage range is bounded by the aggregated LP of pipelines of that many
         stages, which is often much tighter than the window's (the cycle and Hall rows know P).
@@ -96,7 +105,7 @@ class WindowSplits:
         if wide_tail is not None:
             windows = [(node.lo_s, hi, node.tail_lo_s, wide_tail, stages),
                        (node.lo_s, hi, wide_tail, node.tail_hi_s, stages)]
-        elif hi / max(node.lo_s, 1e-30) > self.leaf_ratio:
+        elif hi / max(node.lo_s, 1e-30) > self.leaf_ratio_of(node.b):
             mid = math.sqrt(node.lo_s * hi)
             windows = [(node.lo_s, mid, node.tail_lo_s, node.tail_hi_s, stages),
                        (mid, hi, node.tail_lo_s, node.tail_hi_s, stages)]

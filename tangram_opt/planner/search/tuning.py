@@ -105,11 +105,16 @@ PRIMAL_MAX_EVERY = 8
 #: knapsack plans whose layer split is polished (the best orders by exact step time)
 KNAPSACK_PLAN_POLISH = 8
 #: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
-#: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py).
-#: Single-pipeline, 60 s, "512 L4+A10G+V100, MoE" / "384 V100+A10G, MoE": 1.02 4.33-4.38% /
-#: 3.95%, 1.015 3.90% / 3.88-3.95%, 1.01 4.48% / 3.56%, 1.03 4.26% / 5.96% (formulations/pipeline_mip.md
-#: §5, twenty-fourth round)
-SEQUENCE_WINDOW_RATIO = 1.015
+#: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py)
+SEQUENCE_WINDOW_RATIO = 1.02
+#: ... and at most this wide for a pipeline micro-batch size once SEQUENCE_NARROW_AFTER of its
+#: sequence leaves came back unfinished: an unfinished leaf is then split on the period rather
+#: than solved again with twice the time (``WindowSplits.leaf_ratio_of``). Narrower leaves
+#: everywhere (1.015) helped "512 L4+A10G+V100, MoE" (single-pipeline, 60 s: 3.90% twice against
+#: 4.33-4.38%) and cost "1024 A100+L4+V100" 1.00% -> 2.44% and "512 A100+L4+V100, dense" 0.01%
+#: -> 0.46%, whose leaves all close at once (formulations/pipeline_mip.md §5, twenty-fourth round)
+SEQUENCE_NARROW_RATIO = 1.01
+SEQUENCE_NARROW_AFTER = 1
 #: a sequence leaf that came back unfinished with a dual bound below its window's aggregated bound
 #: is solved again with the aggregated model's rows joined to it (``SequenceMIP.relaxation``)
 SEQUENCE_JOIN_AGGREGATED = True
