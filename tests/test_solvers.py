@@ -743,13 +743,20 @@ def test_group_branching_lps_each_get_their_own_time_limit():
 def test_group_branching_lps_run_after_a_two_thread_solve():
     # a two-thread solve leaves HiGHS's process-wide pool at two threads, where a one-thread LP
     # ends at once without an answer (island branching then solved whole subtrees as MIPs): the
-    # LP object sizes the pool to one thread first
+    # LP object sizes the pool to one thread before every LP
     from tangram_opt.solvers.group_branching import _Lp
 
     md, best = _grouped_model(9)
     highs = get_backend("highs")
     assert highs.solve(_grouped_model(9)[0], SolveOptions(time_limit_s=10, threads=2)).objective == pytest.approx(best)
     assert _Lp(md).solve(10.0)[0] == "optimal"
+    # ... also when the two-thread solve comes between LPs of one object (island branching's
+    # restricted MIPs run with the caller's threads)
+    lp = _Lp(md)
+    assert lp.solve(10.0)[0] == "optimal"
+    assert highs.solve(_grouped_model(9)[0], SolveOptions(time_limit_s=10, threads=2)).objective == pytest.approx(best)
+    lp.h.clearSolver()  # solved again from scratch, as after a jump across the tree
+    assert lp.solve(10.0)[0] == "optimal"
     res = highs.solve(md, SolveOptions(time_limit_s=10, threads=1, group_branching=True))
     assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
 

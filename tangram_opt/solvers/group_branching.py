@@ -58,7 +58,7 @@ class _Lp:
 
         from tangram_opt.solvers.highs import _quiet_stdout, _rows, use_thread_pool
 
-        self.np, self.highspy = np, highspy
+        self.np, self.highspy, self.use_thread_pool = np, highspy, use_thread_pool
         n, m = len(model.vars), len(model.constraints)
         cost = np.zeros(n)
         for i, a in model.objective.coefs.items():
@@ -70,9 +70,7 @@ class _Lp:
             self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("presolve", "off")
-        # one thread, in a pool of one (use_thread_pool: in a pool left larger by an earlier solve
-        # of the process these LPs end without an answer)
-        use_thread_pool(1)
+        # one thread, in a pool of one (sized before every LP, in solve)
         self.h.setOptionValue("threads", 1)
         self.h.passModel(n, m, int(start[-1]), int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                          float(model.objective.const), cost, self.lb, self.ub, row_lb, row_ub, start[:-1], index,
@@ -108,6 +106,9 @@ class _Lp:
         self.h.setOptionValue("time_limit", self.h.getRunTime() + max(0.0, time_limit_s))
         if start is not None:
             self.h.setBasis(start)
+        # in a pool left larger by another solve of the process (island branching's restricted
+        # MIPs run with the caller's threads) this LP would end without an answer
+        self.use_thread_pool(1)
         self.solves += 1
         self.h.run()
         ms = self.h.getModelStatus()
