@@ -782,6 +782,70 @@ def test_group_branching_after_a_solve_with_another_thread_count():
         assert "group branching" in res.message
 
 
+class _Ticking:
+    """A clock one second later at every reading: a search cut short after the same few nodes in
+    every run."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_group_branching_goes_on_from_where_its_time_ran_out(monkeypatch):
+    # each try stops after a few clock readings and hands back its open nodes, which the next try
+    # (through a pickle, as to a worker process) goes on from; the tries end with the answer of
+    # one uncut solve: the optimum, or nothing below a cutoff under it
+    import pickle
+
+    from tangram_opt.solvers import group_branching
+
+    cut_short = 0
+    for seed, cutoff in itertools.product(range(12), (None, 0.5, -0.5)):
+        md, best = _grouped_model(seed)
+        cutoff = None if cutoff is None else best + cutoff
+        monkeypatch.setattr(group_branching, "time", _Ticking())
+        state, lps, tries = None, 0, 0
+        for _ in range(500):
+            res = solve_model(md, "highs", SolveOptions(time_limit_s=4, group_branching=True, cutoff=cutoff,
+                                                        resume=state))
+            lps += int(res.message.split(": ")[1].split()[0])
+            if res.resume is None:
+                break
+            assert res.status in (SolveStatus.NO_SOLUTION, SolveStatus.FEASIBLE)
+            assert res.bound is None or res.bound <= best + 1e-9
+            state = pickle.loads(pickle.dumps(res.resume))
+            cut_short += 1
+            tries += 1
+        if cutoff is not None and cutoff < best:
+            assert res.status == SolveStatus.INFEASIBLE
+        else:
+            assert res.status == SolveStatus.OPTIMAL and res.objective == pytest.approx(best)
+        monkeypatch.undo()
+        whole = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True, cutoff=cutoff))
+        assert lps <= int(whole.message.split(": ")[1].split()[0]) + 2 * tries  # no LP of a try redone
+    assert cut_short >= 20
+
+
+def test_group_branching_starts_over_under_a_higher_cutoff(monkeypatch):
+    # open nodes pruned and fixed against a cutoff say nothing above it: a try with a higher one
+    # starts again from the root (and finds the optimum the first try's cutoff left out)
+    from tangram_opt.solvers import group_branching
+
+    for seed in range(40):  # the first model whose try below its optimum is cut short
+        md, best = _grouped_model(seed)
+        monkeypatch.setattr(group_branching, "time", _Ticking())
+        first = solve_model(md, "highs", SolveOptions(time_limit_s=4, group_branching=True, cutoff=best - 0.5))
+        monkeypatch.undo()
+        if first.resume is not None:
+            break
+    assert first.resume is not None and first.resume["cutoff"] == best - 0.5
+    again = solve_model(md, "highs", SolveOptions(time_limit_s=30, group_branching=True, resume=first.resume))
+    assert again.status == SolveStatus.OPTIMAL and again.objective == pytest.approx(best)
+
+
 def test_group_branching_stopped_at_once_reports_a_bound_no_higher_than_the_optimum():
     md, best = _grouped_model(3)
     res = solve_model(md, "highs", SolveOptions(time_limit_s=0.0, group_branching=True))
