@@ -500,32 +500,3 @@ def test_a_leaf_that_comes_back_unfinished_narrows_its_size_and_the_optimum_stan
     assert max(after) <= tuning.SEQUENCE_NARROW_RATIO * (1 + 1e-12)
     assert plan.certificate.status == "optimal"
     assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
-
-
-def test_a_leaf_cut_short_in_island_branching_goes_on_from_its_open_nodes(monkeypatch):
-    # the first sequence leaf stops at once in island branching and hands back its open node (the
-    # root, its LP not solved): the same model is solved again from there, not split on the
-    # period, and the search proves the optimum of the search that had no such answer
-    from dataclasses import replace
-
-    cluster, model, training, space = _instance()
-    opts = SearchOptions(sequence_leaves=True, multi_pipeline=False)
-    alone = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1, options=opts)
-    solves = []  # (model, resumed) of every sequence solve
-
-    def first_cut_short(md, backend, options):
-        if md.name.startswith("sequence_"):
-            solves.append((md, options.resume is not None))
-            if len(solves) == 1:
-                res = solve_model(md, backend, replace(options, group_branching=True, time_limit_s=0.0))
-                assert res.status == SolveStatus.NO_SOLUTION and res.resume is not None
-                return res
-        return solve_model(md, backend, options)
-
-    monkeypatch.setattr(search_module, "solve_model", first_cut_short)
-    plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9, threads=1, options=opts)
-    assert solves, "no sequence leaf was solved"
-    again = [md for md, resumed in solves if resumed]
-    assert again and again[0] is solves[0][0]  # the same model, from where it stopped
-    assert plan.certificate.status == "optimal"
-    assert plan.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)

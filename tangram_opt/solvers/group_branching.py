@@ -26,11 +26,6 @@ fractional LP is solved as a MIP. Each child is a restriction of its parent and 
 node cover every solution of it, so the least LP value over the open nodes is a valid bound when
 the time runs out.
 
-A search cut short by its time limit hands back its open nodes and best solution
-(``SolveResult.resume``: assignments, LP values, fixings and bases as plain data); solving the same
-model again with them (``SolveOptions.resume``) goes on where it stopped, under a cutoff no higher
-than the one they were pruned and fixed against (a higher one starts again from the root).
-
 On the open sequence leaves of the communication-bound MoE cases this proves in a fraction of a
 second most leaves that took HiGHS's own branch and bound seconds, or that it did not finish in
 40 s (formulations/pipeline_mip.md §3b, "Island branching").
@@ -102,20 +97,6 @@ class _Lp:
     def others(self, p: int, g: int) -> Any:
         rest = [c for k, c in enumerate(self.groups[p]) if k != g]
         return self.np.concatenate(rest) if rest else self.np.zeros(0, dtype=self.np.int32)
-
-    def pack(self, basis: Any) -> tuple[Any, Any]:
-        """A HiGHS basis as two arrays of status codes (columns, rows): data a process can send."""
-        np = self.np
-        return (np.fromiter((int(x) for x in basis.col_status), dtype=np.int8, count=len(basis.col_status)),
-                np.fromiter((int(x) for x in basis.row_status), dtype=np.int8, count=len(basis.row_status)))
-
-    def unpack(self, arrays: tuple[Any, Any]) -> Any:
-        status = [self.highspy.HighsBasisStatus(i) for i in range(5)]
-        basis = self.highspy.HighsBasis()
-        basis.col_status = [status[i] for i in arrays[0].tolist()]
-        basis.row_status = [status[i] for i in arrays[1].tolist()]
-        basis.valid = True
-        return basis
 
     def solve(self, time_limit_s: float, start: Any = None) -> tuple[str, float, Any]:
         """("infeasible" | "optimal" | "unknown", objective, (column values, reduced costs, basis)),
@@ -232,24 +213,12 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
                        if open_cols[g].any() else math.inf for g in groups[p])
         return (value, opened, fixed, (p, floors, basis), zeroed)
 
-    state = options.resume
-    if state is not None and state["columns"] == len(model.vars) and cutoff <= state["cutoff"]:
-        # go on from an earlier try's open nodes and best solution: they were pruned and fixed
-        # against a limit no lower than this one, so what they left out holds nothing of interest
-        # now either
-        if state["best"] is not None:
-            best[0], best[1] = state["best"][0], np.asarray(state["best"][1])
-        heap = [(value, order, fixed, p if p is None or isinstance(p, int) else (p[0], p[1], lp.unpack(p[2])), zeroed)
-                for value, order, fixed, p, zeroed in state["heap"]]
-        heapq.heapify(heap)
-        opened = max((node[1] for node in heap), default=0)
-        plunge = None
-    else:
-        plunge = evaluate({}, -math.inf, np.zeros(0, dtype=np.int32))
+    root = evaluate({}, -math.inf, np.zeros(0, dtype=np.int32))
     # best first, plunging into the best child of each node expanded; every child's LP starts
     # from its parent's optimal basis (kept with the node: after a jump across the tree the last
     # LP's basis is a distant one, and on the open leaves of the MoE cases the restart took 20%
     # less time)
+    plunge = root
     finished = True
     while plunge is not None or heap:
         node = plunge if plunge is not None else heapq.heappop(heap)
@@ -257,14 +226,7 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         value, _, fixed, p, zeroed = node
         if value >= limit():
             continue
-        if time.perf_counter() < deadline and isinstance(p, int) and p == -1:
-            # a node whose LP (or restricted MIP) an earlier try ran out of time on: its LP again
-            again = evaluate(fixed, value, zeroed)
-            if again is None:
-                continue
-            node = (max(value, again[0]), *again[1:])
-            value, _, fixed, p, zeroed = node
-        if time.perf_counter() >= deadline or (isinstance(p, int) and p == -1):
+        if time.perf_counter() >= deadline or p == -1:
             heapq.heappush(heap, node)
             finished = False
             break
@@ -296,11 +258,6 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
                 if c is not plunge:
                     heapq.heappush(heap, c)
     open_bound = min((v for v, *_ in heap if v < limit()), default=math.inf)
-    resume = None if finished else {
-        "columns": len(model.vars), "cutoff": cutoff,
-        "best": None if best[1] is None else (float(best[0]), [float(v) for v in best[1]]),
-        "heap": [(value, order, fixed, p if p is None or isinstance(p, int) else (p[0], p[1], lp.pack(p[2])), zeroed)
-                 for value, order, fixed, p, zeroed in heap if value < limit()]}
     # finished: every node closed at the cutoff or at the best solution less the tolerances
     bound = min(open_bound, best[0]) if not finished else limit()
     elapsed = traj.elapsed_s
@@ -311,12 +268,11 @@ def branch_on_groups(model: LinearModel, options: SolveOptions) -> SolveResult:
         traj.record(None, bound)
         return SolveResult(status=SolveStatus.NO_SOLUTION, backend="highs",
                            bound=bound if math.isfinite(bound) else None, solve_time_s=elapsed,
-                           trajectory=traj.points, message=note, resume=resume)
+                           trajectory=traj.points, message=note)
     traj.record(best[0], bound)
     return SolveResult(status=SolveStatus.OPTIMAL if finished else SolveStatus.FEASIBLE, backend="highs",
                        objective=float(best[0]), bound=float(bound),
-                       values=[float(v) for v in best[1]], solve_time_s=elapsed, trajectory=traj.points, message=note,
-                       resume=resume)
+                       values=[float(v) for v in best[1]], solve_time_s=elapsed, trajectory=traj.points, message=note)
 
 
 __all__ = ["INTEGRAL_TOL", "branch_on_groups"]

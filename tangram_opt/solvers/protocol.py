@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from tangram_opt.solvers.model import LinearModel
 
@@ -74,9 +73,6 @@ class SolveOptions:
     #: HiGHS: when the model declares ``choice_groups``, branch on them first, with an LP at every
     #: node, and solve a node as a MIP only once every group is chosen (solvers/group_branching.py)
     group_branching: bool = False
-    #: the search state of an earlier group-branching solve of the same model that ran out of
-    #: time (its ``SolveResult.resume``): go on from its open nodes rather than from the root
-    resume: Any = field(default=None, compare=False)
     log: bool = False
     on_progress: Callable[[ProgressPoint], None] | None = field(default=None, compare=False)
 
@@ -98,9 +94,6 @@ class SolveResult:
     pool: list[tuple[float, list[float]]] = field(default_factory=list)
     #: LP reduced costs per column (LP relaxations solved by HiGHS only)
     reduced_costs: list[float] | None = None
-    #: group branching cut short by its time limit: its open nodes, to pass back as
-    #: ``SolveOptions.resume`` with the same model (plain data: it crosses to worker processes)
-    resume: Any = None
 
     @property
     def gap(self) -> float | None:

@@ -169,13 +169,6 @@ class LeafSolves:
                 return
             node.mip, node.excluded_types, node.built_cutoff_s = fresh.mip, fresh.excluded_types, fresh.built_cutoff_s
             node.bound_s = max(node.bound_s, fresh.bound_s)
-        if node.resume is not None:
-            # island branching ran out of time on this leaf before: its model (still a valid model
-            # of the leaf, whose window the incumbent can only narrow) goes on from its open nodes
-            seq, state = node.resume
-            node.resume = None
-            self.dispatch_sequence(node, seq, True, state)
-            return
         skip, tail_hi = node.excluded_types, node.tail_hi_s
         # a tail window's upper edge holds for every stage of its plans, its lower edge for one
         types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
@@ -212,18 +205,12 @@ class LeafSolves:
             if hint is not None:
                 seq.model.set_hint(hint)
                 break
-        self.dispatch_sequence(node, seq, branching, None)
-
-    def dispatch_sequence(self, node: Node, seq: SequenceMIP, branching: bool, resume: Any) -> None:
-        """Solve a sequence leaf's model (against the target, with island branching when
-        ``branching``, going on from ``resume``) for its try's time: ``SEQUENCE_FIRST_BUDGET_S``
-        or the time left per open node, twice as long at each try."""
         n_open = 1 + len(self.open)
         budget = min(self.remaining(), max(tuning.SEQUENCE_FIRST_BUDGET_S, self.remaining() / n_open) * 2 ** node.tries)
         heuristics = node.bound_s < self.target_s() * (1 - tuning.SEQUENCE_HEURISTICS_SLACK) and self.heuristics_turn()
         options = SolveOptions(time_limit_s=budget, threads=self.solve_threads, seed=self.seed, rel_gap=self.rel_gap,
                                cutoff=self.cutoff_ticks(seq), presolve=False, heuristics=heuristics,
-                               group_branching=branching, resume=resume)
+                               group_branching=branching)
         base = self.elapsed()
         self.dispatch(node, seq.model, options, lambda res: self.sequence_solved(node, seq, base, res, heuristics))
 
@@ -317,8 +304,6 @@ class LeafSolves:
                 # the period when next taken, unless it is narrow already
                 sub.info["sequence_unfinished"] = sub.info.get("sequence_unfinished", 0) + 1
                 node.bound_s, node.tries = bound, node.tries + 1
-                if tuning.SEQUENCE_RESUME and res.resume is not None:
-                    node.resume = (seq, res.resume)  # solved again from where island branching stopped
                 heapq.heappush(self.open, node)
         else:
             self.close(node, node.bound_s)

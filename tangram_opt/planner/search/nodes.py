@@ -101,9 +101,6 @@ class Node:
     #: a sequence leaf solves with the aggregated rows joined (``SequenceMIP.relaxation``): it came
     #: back unfinished with a dual bound below the window's aggregated bound
     joined: bool = field(default=False, compare=False)
-    #: a sequence leaf whose island branching ran out of time: its model and the search's open
-    #: nodes (``SolveResult.resume``), which its next try goes on from; None: none
-    resume: tuple[Any, Any] | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"

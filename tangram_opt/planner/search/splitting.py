@@ -37,10 +37,7 @@ class WindowSplits:
 
     def splittable(self, node: Node) -> bool:
         """Wider than a leaf: on the period, then on the stage count (sequence leaves) or on the
-        largest step tail (aggregated leaves). A sequence leaf whose island branching goes on
-        from an earlier try (``Node.resume``) is solved again, not split."""
-        if node.resume is not None:
-            return False
+        largest step tail (aggregated leaves)."""
         if node.hi_s / max(node.lo_s, 1e-30) > self.leaf_ratio_of(node.b):
             return True
         if self.sequence:

@@ -104,9 +104,6 @@ PRIMAL_IDLE_TURNS = 8
 PRIMAL_MAX_EVERY = 8
 #: knapsack plans whose layer split is polished (the best orders by exact step time)
 KNAPSACK_PLAN_POLISH = 8
-#: a sequence leaf whose island branching ran out of time goes on from its open nodes at its next
-#: try (``Node.resume``) instead of starting over or being split on the period
-SEQUENCE_RESUME = True
 #: with sequence leaves (the default), period windows at most this wide (hi / lo) are split on
 #: the stage count and solved per stage count by the sequence model (formulations/stage_sequence.py)
 SEQUENCE_WINDOW_RATIO = 1.02
