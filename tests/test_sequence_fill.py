@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tangram_opt.planner.formulations.problem import FormulationOptions, choices_timing
@@ -113,38 +112,3 @@ def test_fill_bound_sees_what_the_islands_gpus_cannot_hold():
             assert cut[P] == math.inf
         else:
             assert cut[P] <= min(t for n, t, *_ in fits if n == P) * (1 + 1e-9)
-
-
-def test_a_search_narrowed_by_fill_bounds_proves_the_brute_force_optimum(monkeypatch):
-    # narrow windows keep only the stage counts their fill bound leaves below the target, one
-    # child each: the search still proves the optimum that enumeration finds, and the bound holds
-    from tangram_opt.planner.context import PlanningContext
-    from tangram_opt.planner.search import SearchOptions, solve
-    from tangram_opt.planner.search.splitting import WindowSplits
-    from tangram_opt.planner.space import SearchSpace
-    from tangram_opt.specs import TrainingSpec, load_model
-    from tangram_opt.testing.exhaustive import brute_force
-
-    from test_planner import SMALL_SPACE, slow_nics, three_islands, two_islands
-
-    kept: list[tuple[int, int] | None] = []
-    narrow = WindowSplits.fill_stages
-
-    def counted(self, node, hi):  # type: ignore[no-untyped-def]
-        alive = narrow(self, node, hi)
-        kept.append(node.stages if alive else None)
-        return alive
-
-    monkeypatch.setattr(WindowSplits, "fill_stages", counted)
-    for make, name, precision in ((slow_nics, "llama-3-8b", "fp16"), (two_islands, "llama-3-8b", "fp16"),
-                                  (three_islands, "deepseek-v2-lite", "bf16")):
-        cluster, model = make(), load_model(name).with_layers(6)
-        training = TrainingSpec(global_batch_size=16, seq_len=1024, precision=precision)
-        space = SearchSpace(max_stages=4, **SMALL_SPACE)
-        best = brute_force(PlanningContext(cluster, model, training, space=space))
-        plan = solve(cluster, model, training, space=space, time_limit_s=60, rel_gap=1e-9,
-                     options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
-        cert = plan.certificate
-        assert cert.bound_s <= best.step_time_s * (1 + 1e-9)
-        assert cert.objective_s == pytest.approx(best.step_time_s, rel=1e-7)
-    assert kept, "no window was narrowed by its fill bound"

@@ -89,9 +89,8 @@ class WindowSplits:
     def split(self, node: Node) -> None:
         """Split a node in two: on the bottleneck time (geometric midpoint) while that window is
         wider than ``leaf_ratio_of(b)``, then either on the stage count (halves of its range; with
-        sequence leaves, the default; one child per stage count its fill bound keeps, once it has
-        one: ``fill_stages``) or on the largest step tail (arithmetic midpoint; with aggregated
-        leaves). A stage range is bounded by the aggregated LP of pipelines of that many
+        sequence leaves, the default) or on the largest step tail (arithmetic midpoint; with
+        aggregated leaves). A stage range is bounded by the aggregated LP of pipelines of that many
         stages, which is often much tighter than the window's (the cycle and Hall rows know P).
         Restricting the tail helps the aggregated LP for the same reason restricting the time
         does: a type outside the window cannot be used "a little", and the window's lower edge
@@ -120,14 +119,9 @@ class WindowSplits:
                 node.hi_s, node.stages = hi, (first, last)
                 self.solve_sequence(node)
                 return
-            if node.fill is not None and tuning.FILL_STAGE_CHILDREN:
-                target = self.target_s()
-                windows = [(node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, (P, P)) for P in range(first, last + 1)
-                           if node.fill.get(P, -math.inf) < target]
-            else:
-                half = (first + last) // 2
-                windows = [(node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, (first, half)),
-                           (node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, (half + 1, last))]
+            half = (first + last) // 2
+            windows = [(node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, (first, half)),
+                       (node.lo_s, hi, node.tail_lo_s, node.tail_hi_s, (half + 1, last))]
         else:
             theta = self.tail_split_point(node)
             if theta is None:  # narrow in both once the incumbent capped the time window

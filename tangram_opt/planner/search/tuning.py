@@ -141,16 +141,10 @@ SEQUENCE_GROUP_BRANCHING = True
 #: proved 0.01% in 42 s). The spread at the best plan's period: 0.001-0.002 on the fast-network
 #: cases of the planner scaling page, 0.025-0.24 on the communication-bound MoE and dense cases
 SEQUENCE_BRANCHING_MIN_SPREAD = 0.01
-#: with sequence leaves, the fill bound (formulations/sequence_fill.py: a dynamic program over a
-#: window's positions, exact on layers, island GPUs, neighbour links and the whole pipeline's
-#: block) of every window narrow on the period, per stage count: the window keeps only the counts
-#: whose bound lies below the target (``WindowSplits.fill_stages``), and a sequence leaf whose
-#: bound reaches it closes before any MIP is solved (formulations/pipeline_mip.md §5, twenty-sixth
-#: round: 60 s, default mode, 4.08% and 4.08% against 4.25% and 4.42% on "512 L4+A10G+V100, MoE")
+#: close a sequence leaf when the fill bound (formulations/sequence_fill.py: a dynamic program over
+#: its positions, exact on layers, island GPUs, neighbour links and the whole pipeline's block)
+#: shows it holds no plan, or none below the target, before any MIP is solved
 SEQUENCE_FILL_BOUND = True
-#: ... and such a window is split into one child per stage count it keeps, instead of halves of
-#: its stage range (each half's LP would only be split again)
-FILL_STAGE_CHILDREN = True
 #: from this try of a sequence leaf on (0: the first; 1: once it came back unfinished), it is split
 #: on the island of its first and last stage by LP relaxations (``LeafSolves.end_islands``), which
 #: share at most END_ISLANDS_S; the leaves proved infeasible in a fraction of a second by the MIP
