@@ -24,7 +24,6 @@ from tangram_opt.planner.formulations.aggregated import AggregatedMIP
 from tangram_opt.planner.formulations.ordering import polish, reorder, support_class_best, turn_ends
 from tangram_opt.planner.formulations.positional import PositionalMIP
 from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice, choices_timing
-from tangram_opt.planner.formulations.sequence_fill import fill_bound_s
 from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
 from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.planner.formulations.ticks import rounding_ticks
@@ -190,14 +189,6 @@ class LeafSolves:
                           node.lo_s, hi, integral=self.backend != "highs", lower_tail_s=node.tail_lo_s,
                           relaxation=relaxation).build()
         if seq.empty:  # some position has no stage type left: no plan of this size beats the target
-            self.close(node, self.target_s())
-            return
-        fill = None if not tuning.SEQUENCE_FILL_BOUND else node.fill[P] if node.fill and P in node.fill \
-            else fill_bound_s(seq)
-        if fill is not None and fill >= self.target_s():
-            # no plan of the window fits the layers, the islands' GPUs, the links between
-            # neighbours and the whole pipeline's block at once, or none beats the target
-            sub.info["fill_closes"] = sub.info.get("fill_closes", 0) + 1
             self.close(node, self.target_s())
             return
         if seq.columns > tuning.SEQUENCE_MAX_COLUMNS:

@@ -101,9 +101,6 @@ class Node:
     #: a sequence leaf solves with the aggregated rows joined (``SequenceMIP.relaxation``): it came
     #: back unfinished with a dual bound below the window's aggregated bound
     joined: bool = field(default=False, compare=False)
-    #: per stage count of ``stages``, the fill bound of this window (formulations/sequence_fill.py);
-    #: None: not computed. Children split on the stage count share it (the same window)
-    fill: dict[int, float] | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         text = f"[{1e3 * self.lo_s:.2f}, {1e3 * self.hi_s:.2f}] ms"

@@ -15,7 +15,6 @@ import heapq
 import math
 
 from tangram_opt.planner.formulations.aggregated import AggregatedMIP
-from tangram_opt.planner.formulations.sequence_fill import fill_bounds_s
 from tangram_opt.planner.search import tuning
 from tangram_opt.planner.search.nodes import Node
 from tangram_opt.planner.search.window_bounds import Window
@@ -101,9 +100,6 @@ class WindowSplits:
         if hi <= node.lo_s:  # the incumbent improved past this window: nothing in it can beat it
             self.close(node, self.inc_s)
             return
-        if self.sequence and tuning.SEQUENCE_FILL_BOUND and hi / max(node.lo_s, 1e-30) <= self.leaf_ratio_of(node.b) \
-                and not self.fill_stages(node, hi):
-            return
         stages = node.stages
         wide_tail = self.wide_tail_split_point(node, hi)
         if wide_tail is not None:
@@ -138,35 +134,6 @@ class WindowSplits:
                                parent=parent)  # type: ignore[arg-type]
         self.emit(f"{self.tag(node.b)}: split {node.describe()}")
 
-    def fill_stages(self, node: Node, hi: float) -> bool:
-        """Narrow a node that is narrow on the period to the stage counts whose fill bound
-        (formulations/sequence_fill.py) lies below the target; False when none does (the node is
-        closed: no plan of its window beats the target). A dynamic program over positions, exact on
-        layers, island GPUs, neighbour links and the whole pipeline's block at once, where the LPs
-        of the stage-count splits meet each alone (formulations/pipeline_mip.md §5, twenty-sixth
-        round)."""
-        if node.fill is None:
-            sub = self.subs[node.b]
-            assert sub.types is not None
-            skip, tail_hi = node.excluded_types, node.tail_hi_s
-            types = {role: [t for t in ts if (role, t.candidate, t.layers) not in skip and t.tail_s <= tail_hi]
-                     for role, ts in sub.types.items()}
-            fill = fill_bounds_s(sub.problem, types, node.lo_s, hi, self.stage_range(node),
-                                 tick_s=self.formulation_options(sub).tick_s, lower_tail_s=node.tail_lo_s)
-            if fill is None:  # too many states: leave the node to its LPs
-                return True
-            node.hi_s, node.fill = hi, fill
-            sub.info["fill_windows"] = sub.info.get("fill_windows", 0) + 1
-        target, (first, last) = self.target_s(), self.stage_range(node)
-        kept = [P for P, bound in node.fill.items() if bound < target and first <= P <= last]
-        if not kept:
-            self.subs[node.b].info["fill_closes"] = self.subs[node.b].info.get("fill_closes", 0) + 1
-            self.close(node, target)
-            return False
-        node.stages = (min(kept), max(kept))
-        node.bound_s = max(node.bound_s, min(node.fill[P] for P in kept))
-        return True
-
     def child_bounded(self, node: Node, child: Node | None) -> None:
         """A child window of ``node`` came back bounded: queued, or closed when nothing in it
         beats the target (it is no better than its parent's bound either way)."""
@@ -174,9 +141,6 @@ class WindowSplits:
             self.close(node, self.target_s())  # nothing in this half beats the target
             return
         child.bound_s = max(child.bound_s, node.bound_s)
-        if node.fill is not None and (child.lo_s, child.hi_s, child.tail_lo_s, child.tail_hi_s) == (
-                node.lo_s, node.hi_s, node.tail_lo_s, node.tail_hi_s):
-            child.fill = node.fill  # a split on the stage count: the same window
         if self.pruned(child.bound_s):
             self.close(child, child.bound_s)
         else:

@@ -141,10 +141,6 @@ SEQUENCE_GROUP_BRANCHING = True
 #: proved 0.01% in 42 s). The spread at the best plan's period: 0.001-0.002 on the fast-network
 #: cases of the planner scaling page, 0.025-0.24 on the communication-bound MoE and dense cases
 SEQUENCE_BRANCHING_MIN_SPREAD = 0.01
-#: close a sequence leaf when the fill bound (formulations/sequence_fill.py: a dynamic program over
-#: its positions, exact on layers, island GPUs, neighbour links and the whole pipeline's block)
-#: shows it holds no plan, or none below the target, before any MIP is solved
-SEQUENCE_FILL_BOUND = True
 #: from this try of a sequence leaf on (0: the first; 1: once it came back unfinished), it is split
 #: on the island of its first and last stage by LP relaxations (``LeafSolves.end_islands``), which
 #: share at most END_ISLANDS_S; the leaves proved infeasible in a fraction of a second by the MIP
