@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.bounds import fluid_bottleneck_s
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack, knapsack_bottleneck_s
+from tangram_opt.planner.formulations.ordering import fits_memory
 from tangram_opt.planner.formulations.problem import choices_timing
 from tangram_opt.planner.formulations.stage_types import enumerate_types
+from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search.branch_and_bound import BranchAndBound
+from tangram_opt.planner.search.nodes import SubProblem
 from tangram_opt.planner.space import SearchSpace
 from tangram_opt.testing.exhaustive import enumerate_plans
 from tangram_opt.specs import TrainingSpec, load_model, make_cluster
@@ -82,12 +88,16 @@ def test_no_multi_stage_plan_gives_an_infinite_bound():
     assert knapsack_bottleneck_s(problem, enumerate_types(problem)) == math.inf
 
 
-def _h100_a100_knapsack():
-    """Llama-3-70B on 32 H100 + 32 A100-80, pipeline micro-batch 8: the problem and its knapsack."""
+def _h100_a100_context():
+    """Llama-3-70B on 32 H100 + 32 A100-80."""
     cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=4, gpus_per_node=8, nic_gbps=3200),
                                      dict(name="a100", gpu="A100-80", nodes=4, gpus_per_node=8, nic_gbps=1600)])
-    ctx = PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
-    problem = ctx.problem(8)
+    return PlanningContext(cluster, load_model("llama-3-70b"), TrainingSpec(global_batch_size=128, seq_len=4096))
+
+
+def _h100_a100_knapsack(ctx=None):
+    """That cluster at pipeline micro-batch 8: the problem and its knapsack."""
+    problem = (ctx or _h100_a100_context()).problem(8)
     return problem, LayerKnapsack(problem, enumerate_types(problem))
 
 
@@ -153,3 +163,37 @@ def test_reserved_separators_are_set_aside_on_their_island_and_the_ends_are_wher
         small = [t for t in mids if problem.candidates[t.candidate].island == j and t.time_s <= low * (1 + 1e-9)]
         assert len(small) >= k
     assert found >= 4
+
+
+def test_knapsack_plans_try_island_caps_and_descend_from_a_better_plan(monkeypatch):
+    # search/primal.py, knapsack_plans: besides the caps near the bound, caps up to
+    # KNAPSACK_PLAN_ISLAND_SPAN times it with every island's cap a fraction of it (one island at the
+    # full cap); a plan that improves the sub-problem's best near the incumbent gets one descent
+    ctx = _h100_a100_context()
+    problem, sack = _h100_a100_knapsack(ctx)
+    knap = sack.bottleneck_bound_s()
+    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                            on_progress=None, t0=time.perf_counter())
+    sub = search.subs[8] = SubProblem(b=8, problem=problem, lower_bound_s=0.0)
+    caps_asked, descents = [], []
+    cover = sack.cover
+    monkeypatch.setattr(sack, "cover", lambda lam, tol=0, caps=None, *rest: (
+        caps_asked.append((lam, tol, dict(caps or {}))), cover(lam, tol, caps, *rest))[1])
+    improve_plan = search.improve_plan
+    monkeypatch.setattr(search, "improve_plan", lambda s, deadline, kicks=None, seed=None: (
+        descents.append((s.b, s.objective_s, kicks)), improve_plan(s, deadline, kicks=kicks, seed=seed))[1])
+    search.knapsack_plans(sub, sack, knap, math.inf)
+
+    islands = sorted(problem.island_gpus)
+    island_caps = {(lam, tuple(round(caps[i] / lam, 9) for i in islands))
+                   for lam, tol, caps in caps_asked if tol == 0 and sorted(caps) == islands}
+    wide = [lam for lam, _ in island_caps if lam > knap * tuning.KNAPSACK_PLAN_SPAN]
+    assert wide and max(wide) <= knap * tuning.KNAPSACK_PLAN_ISLAND_SPAN * (1 + 1e-12)
+    fractions = {f for _, f in island_caps}
+    assert (1.0, 0.5) in fractions and (0.5, 1.0) in fractions and (1.0, 1.0) not in fractions
+    # one descent, from the best knapsack plan, and what the sub-problem keeps is a real plan
+    assert len(descents) == 1 and descents[0][0] == 8 and descents[0][2] == 0
+    assert sub.objective_s <= descents[0][1]
+    assert fits_memory(problem, sub.best_choices)
+    assert choices_timing(problem, sub.best_choices).step_time_s == pytest.approx(sub.objective_s, rel=1e-12)

@@ -51,6 +51,14 @@ KNAPSACK_PLAN_CAPS = 12
 KNAPSACK_PLAN_TOLERANCES = (0, 4, 8, 16)
 KNAPSACK_PLAN_MIN_S = 0.2
 KNAPSACK_PLAN_SHARE = 0.02
+#: ... and island caps: caps in [bound, ISLAND_SPAN x bound], each island's a fraction ISLAND_CAPS of
+#: it (one at the full cap), minimum tolerance 0
+KNAPSACK_PLAN_ISLAND_SPAN = 1.3
+KNAPSACK_PLAN_ISLAND_CAPS = (0.5, 0.75, 1.0)
+#: a knapsack plan that improves its sub-problem's best to within NEAR of the incumbent gets one
+#: neighbourhood descent of at most max(NEIGHBOURHOOD_TURN_MIN_S, DESCENT_SHARE x time_limit_s)
+KNAPSACK_DESCENT_NEAR = 0.02
+KNAPSACK_DESCENT_SHARE = 0.025
 #: the neighbourhood search (formulations/neighbourhood.py, primal.py): at most NEIGHBOURHOOD_SHARE
 #: of the time so far, in three parts: before the roots, a descent from every sub-problem's best
 #: plan and kicks on the NEIGHBOURHOOD_KICK_SUBS best (NEIGHBOURHOOD_START_S at most: on the
