@@ -26,7 +26,7 @@ from tangram_opt.planner.candidates import Candidate, HeuristicallyPruned
 from tangram_opt.planner.context import PlanningContext
 from tangram_opt.planner.formulations.knapsack_bound import LayerKnapsack
 from tangram_opt.planner.formulations.neighbourhood import CandidateTimes, improve
-from tangram_opt.planner.formulations.ordering import polish, reorder, try_order, turn_ends
+from tangram_opt.planner.formulations.ordering import polish, try_order, turn_ends
 from tangram_opt.planner.formulations.problem import StageChoice, choices_timing
 from tangram_opt.planner.formulations.stage_types import StageType
 from tangram_opt.planner.islands import Island
@@ -110,7 +110,7 @@ class PrimalHeuristics:
         slow-NIC island are best kept small, so that their tails hide behind the backward upstream,
         and the period then lies well above the knapsack's bound: the best plan known of
         "384 V100+A10G, MoE" at b = 8 has V100-16 stages of half its period, which is 1.21 times
-        the bound. The best orders also get their middle stages swapped (``reorder``).
+        the bound.
         """
         budget = min(self.remaining(), max(tuning.KNAPSACK_PLAN_MIN_S, tuning.KNAPSACK_PLAN_SHARE * self.time_limit_s))
         if budget <= 0:
@@ -175,7 +175,7 @@ class PrimalHeuristics:
         ordered.sort(key=lambda q: q[0])
         for rank, (t, choices) in enumerate(ordered):
             if rank < tuning.KNAPSACK_PLAN_POLISH:
-                choices = turn_ends(sub.problem, polish(sub.problem, reorder(sub.problem, choices)))
+                choices = turn_ends(sub.problem, polish(sub.problem, choices))
                 t = choices_timing(sub.problem, choices).step_time_s
             self.offer(sub.b, choices, t)
         sub.info["knapsack_plans"] = len(ordered)
