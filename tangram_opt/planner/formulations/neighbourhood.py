@@ -18,9 +18,10 @@ plan it returns is a real plan, and nothing here touches a bound):
 After each accepted move the layer split is polished (:func:`~ordering.polish`) and the middle
 stages reordered (:func:`~ordering.reorder`); where no move helps, the descent tries other end
 stages (:func:`~ordering.turn_ends`: the plan reversed, its island blocks reordered). Replace,
-merge and split trials are screened first by their stage time against the plan's period: a stage slower than
-``SCREEN_SLACK`` times the bottleneck would lengthen every one of the ``m - 1`` steady periods,
-which a smaller tail rarely repays (a heuristic cut of the neighbourhood, not of the plan space).
+merge and split trials are screened first by their stage time against the plan's period: a stage
+slower than ``SCREEN_SLACK`` times the bottleneck would lengthen every one of the ``m - 1`` steady
+periods, which a smaller tail rarely repays (a heuristic cut of the neighbourhood, not of the plan
+space).
 """
 
 from __future__ import annotations
