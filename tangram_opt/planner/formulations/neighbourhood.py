@@ -33,9 +33,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tangram_opt.planner.formulations.inflight import inflight_micro_batches
-from tangram_opt.planner.formulations.ordering import (exact_step_s, fits_memory, in_plan_space, polish, reorder,
-                                                       turn_ends)
+from tangram_opt.planner.formulations.ordering import (exact_step_s, fits_at, fits_memory, in_plan_space, polish,
+                                                       reorder, turn_ends)
 from tangram_opt.planner.formulations.pipeline_model import pipeline_timing
 from tangram_opt.planner.formulations.problem import PipelineProblem, StageChoice
 
@@ -250,7 +249,8 @@ def _relocations(problem: PipelineProblem, table: CandidateTimes, cur: list[Stag
     place, a V100 stage taking the end, turned a 19.40 s plan into a 19.22 s one, which the other
     moves took to 19.11 s."""
     P = len(cur)
-    pairs = [(k, j) for k in range(P) for j in range(P) if k != j]
+    # moving k to k - 1 is moving k - 1 to k: each swap of neighbours once
+    pairs = [(k, j) for k in range(P) for j in range(P) if j != k and j != k - 1]
     pairs.sort(key=lambda kj: not ({0, P - 1} & set(kj)))  # ends first (stable)
     for k, j in pairs:
         trial = cur[:k] + cur[k + 1:]
@@ -270,21 +270,13 @@ def _fit_here(problem: PipelineProblem, table: CandidateTimes, stage: StageChoic
               spare: dict[int, int]) -> StageChoice | None:
     """``stage`` if it fits memory at position ``k`` of ``P``; else the fastest candidate of its island
     holding its layers that does, within its GPUs and ``spare`` (updated); None if none does."""
-    cands = problem.candidates
-    first, last = k == 0, k == P - 1
-    inflight = inflight_micro_batches(k, P, problem.num_micro_batches, problem.schedule)
-
-    def fits(c: int) -> bool:
-        cand = cands[c]
-        return cand.memory_bytes(stage.layers, inflight, first=first, last=last) <= cand.capacity_bytes
-
-    if fits(stage.candidate):
+    if fits_at(problem, stage.candidate, stage.layers, k, P):
         return stage
-    own = cands[stage.candidate]
-    times = table.times(stage.layers, first=first, last=last)
+    own = problem.candidates[stage.candidate]
+    times = table.times(stage.layers, first=k == 0, last=k == P - 1)
     ok = (table.island == own.island) & (table.gpus <= own.gpus + spare[own.island])
     for c in np.flatnonzero(ok)[np.argsort(times[ok], kind="stable")]:
-        if fits(int(c)):
+        if fits_at(problem, int(c), stage.layers, k, P):
             spare[own.island] -= int(table.gpus[c]) - own.gpus
             return StageChoice(candidate=int(c), layers=dict(stage.layers))
     return None

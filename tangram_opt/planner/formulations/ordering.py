@@ -149,16 +149,16 @@ def exact_step_s(problem: PipelineProblem, stages: Sequence[StageChoice]) -> flo
 
 def fits_memory(problem: PipelineProblem, stages: Sequence[StageChoice]) -> bool:
     """Whether every stage holds at least one layer and fits its GPUs' memory at its position."""
-    cands = problem.candidates
-    P, m = len(stages), problem.num_micro_batches
-    for k, st in enumerate(stages):
-        if sum(st.layers.values()) < 1:
-            return False
-        inflight = inflight_micro_batches(k, P, m, problem.schedule)
-        c = cands[st.candidate]
-        if c.memory_bytes(st.layers, inflight, first=k == 0, last=k == P - 1) > c.capacity_bytes:
-            return False
-    return True
+    P = len(stages)
+    return all(sum(st.layers.values()) >= 1 and fits_at(problem, st.candidate, st.layers, k, P)
+               for k, st in enumerate(stages))
+
+
+def fits_at(problem: PipelineProblem, candidate: int, layers: dict[str, int], k: int, P: int) -> bool:
+    """Whether ``candidate`` holding ``layers`` fits its GPUs' memory as stage ``k`` of ``P``."""
+    c = problem.candidates[candidate]
+    inflight = inflight_micro_batches(k, P, problem.num_micro_batches, problem.schedule)
+    return c.memory_bytes(layers, inflight, first=k == 0, last=k == P - 1) <= c.capacity_bytes
 
 
 def reorder(problem: PipelineProblem, stages: list[StageChoice], max_evals: int = 800) -> list[StageChoice]:
