@@ -177,12 +177,18 @@ def test_knapsack_plans_try_island_caps_and_descend_from_a_better_plan(monkeypat
                             on_progress=None, t0=time.perf_counter())
     sub = search.subs[8] = SubProblem(b=8, problem=problem, lower_bound_s=0.0)
     caps_asked, descents = [], []
-    cover = sack.cover
-    monkeypatch.setattr(sack, "cover", lambda lam, tol=0, caps=None, *rest: (
-        caps_asked.append((lam, tol, dict(caps or {}))), cover(lam, tol, caps, *rest))[1])
-    improve_plan = search.improve_plan
-    monkeypatch.setattr(search, "improve_plan", lambda s, deadline, kicks=None, seed=None: (
-        descents.append((s.b, s.objective_s, kicks)), improve_plan(s, deadline, kicks=kicks, seed=seed))[1])
+    cover, improve_plan = sack.cover, search.improve_plan
+
+    def recorded_cover(lam, tol=0, caps=None, *rest):
+        caps_asked.append((lam, tol, dict(caps or {})))
+        return cover(lam, tol, caps, *rest)
+
+    def recorded_descent(s, deadline, kicks=None, seed=None):
+        descents.append((s.b, s.objective_s, kicks))
+        return improve_plan(s, deadline, kicks=kicks, seed=seed)
+
+    monkeypatch.setattr(sack, "cover", recorded_cover)
+    monkeypatch.setattr(search, "improve_plan", recorded_descent)
     search.knapsack_plans(sub, sack, knap, math.inf)
 
     islands = sorted(problem.island_gpus)
