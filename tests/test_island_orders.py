@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from tangram_opt.planner.formulations.problem import FormulationOptions, choices
 from tangram_opt.planner.formulations.stage_sequence import SequenceMIP
 from tangram_opt.planner.formulations.stage_types import enumerate_types
 from tangram_opt.planner.formulations.ticks import rounding_ticks, tick_for
-from tangram_opt.planner.search import tuning
+from tangram_opt.planner.search import patterns, tuning
 from tangram_opt.planner.search.branch_and_bound import BranchAndBound
 from tangram_opt.planner.search.nodes import SubProblem
 from tangram_opt.planner.search.patterns import Dive, dive_positions, neighbour_orders
@@ -300,3 +301,38 @@ def test_once_the_orders_are_used_up_the_turns_dive_and_find_the_best_plan(monke
     assert search.order_tried.get(2, set()) == set()
     assert search.inc_s == pytest.approx(best_t, rel=1e-6)
     assert sub.info["dive_leaves"] >= 1 and not search.dives  # every dive started ran to its end
+
+
+def test_a_dive_turn_stops_once_the_dives_patience_is_spent(monkeypatch):
+    # patience is checked between a dive's steps too, not only between dives: in a slice far
+    # longer than the patience, the dives stop once it is spent, and later turns wait for a
+    # better plan (without even listing the orders). A fake clock: each step takes 1 s.
+    ctx = _mixed()
+    problem = ctx.problem(2)
+    best_t, _, best = min((p for ps in _plans_by_order(problem).values() for p in ps), key=lambda p: p[0])
+    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
+    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
+    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
+    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 0)
+    monkeypatch.setattr(tuning, "DIVE_PATIENCE_S", 2.5)
+    search = _search(ctx)
+    sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
+    sub.types = enumerate_types(problem, best_t * 1.5)
+    search.offer(2, list(best), best_t)
+    clock = [0.0]
+    monkeypatch.setattr(patterns, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    steps = []
+
+    def step(dive: Dive) -> bool:
+        clock[0] += 1.0
+        steps.append(dive)
+        return True  # never done
+
+    monkeypatch.setattr(Dive, "step", step)
+    search.order_turn()
+    assert search.dives and len(steps) == 3  # 1 s steps while less than 2.5 s were spent (60 without the check)
+    assert search.dive_idle_s == pytest.approx(3.0)
+    monkeypatch.setattr(patterns, "neighbour_orders", lambda *a: pytest.fail("orders listed after patience"))
+    search.order_turn()
+    assert len(steps) == 3

@@ -166,7 +166,9 @@ class IslandOrders:
                 or self.elapsed() < tuning.ORDER_START_SHARE * self.time_limit_s
                 or self.order_spent >= tuning.ORDER_SHARE * self.elapsed()):
             return
-        self.order_progress()
+        if (not self.order_progress() and self.order_misses >= tuning.ORDER_PATIENCE
+                and self.dive_idle_s >= tuning.DIVE_PATIENCE_S):
+            return  # orders and dives both wait for a better plan from elsewhere
         inc = self.inc
         b, choices = inc
         sub = self.subs[b]
@@ -235,7 +237,8 @@ class IslandOrders:
                 return
             dive = self.dives.pop(0)
             inc, started = self.inc, time.perf_counter()
-            while time.perf_counter() < deadline and self.remaining() > 1.0 and dive.step():
+            while (time.perf_counter() < deadline and self.remaining() > 1.0
+                   and self.dive_idle_s + time.perf_counter() - started < tuning.DIVE_PATIENCE_S and dive.step()):
                 if self.inc is not inc:
                     break  # a better plan: the next turn may dive elsewhere
             self.dive_idle_s += time.perf_counter() - started
