@@ -203,3 +203,53 @@ def test_knapsack_plans_try_island_caps_and_descend_from_a_better_plan(monkeypat
     assert sub.objective_s <= descents[0][1]
     assert fits_memory(problem, sub.best_choices)
     assert choices_timing(problem, sub.best_choices).step_time_s == pytest.approx(sub.objective_s, rel=1e-12)
+
+
+def _second_pass_run(monkeypatch, root_min_s: float):
+    """A search of a small mixed cluster whose first pass closes: (the search, the plan, the
+    (pass, plans) of every root, the first pass's bound per sub-problem)."""
+    cluster = make_cluster("mixed", [dict(name="h100", gpu="H100-SXM", nodes=2, gpus_per_node=2, nic_gbps=400),
+                                     dict(name="l4", gpu="L4", nodes=2, gpus_per_node=2, nic_gbps=25)])
+    space = SearchSpace(max_stages=4, zero=(0, 3), recompute=("none",), cp=(1,), micro_batch_sizes=(1,),
+                        pipeline_micro_batches=(2, 4))
+    ctx = PlanningContext(cluster, load_model("llama-3-8b").with_layers(5),
+                          TrainingSpec(global_batch_size=16, seq_len=1024), space=space)
+    monkeypatch.setattr(tuning, "SECOND_PASS_ROOT_MIN_S", root_min_s)
+    monkeypatch.setattr(tuning, "FIRST_PASS_GAP", 0.3)  # a first pass loose enough to leave roots to the second
+    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                            on_progress=None, t0=time.perf_counter())
+    roots, floors = [], {}
+    root, next_pass = search.root, search.next_pass
+
+    def recorded_root(sub, plans=True):
+        roots.append((bool(floors), plans))
+        return root(sub, plans)
+
+    def recorded_next_pass(live):
+        floors.update({s.b: search.sub_bound(s) for s in search.subs.values()})
+        return next_pass(live)
+
+    monkeypatch.setattr(search, "root", recorded_root)
+    monkeypatch.setattr(search, "next_pass", recorded_next_pass)
+    return search, search.run(), roots, floors
+
+
+def test_the_second_pass_roots_offer_no_knapsack_plans(monkeypatch):
+    # BranchAndBound.next_pass: the first pass's roots offered the knapsack's covers as plans;
+    # the second pass's roots bound their windows only, and it ends within rel_gap
+    search, plan, roots, floors = _second_pass_run(monkeypatch, 0.5)
+    assert floors, "the first pass closed, and a second one started"
+    assert any(not second and plans for second, plans in roots)
+    assert any(second for second, _ in roots) and all(not plans for second, plans in roots if second)
+    assert plan.certificate.gap <= 1e-4
+
+
+def test_a_second_pass_without_time_for_its_roots_keeps_the_first_pass_bound(monkeypatch):
+    # with less than SECOND_PASS_ROOT_MIN_S left, no root is bounded again: every sub-problem keeps
+    # the bound the first pass proved (its floor), and the certificate stays within that pass's gap
+    search, plan, roots, floors = _second_pass_run(monkeypatch, 1e9)
+    assert floors and not any(second for second, _ in roots)
+    assert all(search.sub_bound(sub) == pytest.approx(floors[b], rel=1e-12) for b, sub in search.subs.items())
+    assert plan.certificate.bound_s == pytest.approx(min([search.inc_s, *floors.values()]), rel=1e-9)
+    assert plan.certificate.gap <= tuning.FIRST_PASS_GAP

@@ -136,6 +136,9 @@ SEQUENCE_MAX_COLUMNS = 40000
 #: the search first proves this relative gap (when ``rel_gap`` is smaller), then starts again
 #: from the roots with the requested one, keeping the first proof as a floor under the bound
 FIRST_PASS_GAP = 0.01
+#: the second pass (``BranchAndBound.next_pass``) roots no more sub-problems once this little
+#: time is left; those keep the first pass's bound (their floor)
+SECOND_PASS_ROOT_MIN_S = 0.5
 #: the least time a sequence leaf gets (doubled each time it comes back unfinished)
 SEQUENCE_FIRST_BUDGET_S = 5.0
 #: sequence leaves are solved by branching on the island of each position, with an LP at every
