@@ -232,11 +232,11 @@ class LinearModel:
         return con
 
     def set_upper_bound(self, index: int, ub: float) -> None:
-        """Tighten a variable's upper bound (e.g. reduced-cost fixing); the Var keeps its index."""
-        from dataclasses import replace
-
+        """Tighten a variable's upper bound (e.g. reduced-cost fixing); the Var keeps its index.
+        (Built directly: ``dataclasses.replace`` took 2-3% of a window's bound, a thousand columns
+        fixed per LP.)"""
         v = self.vars[index]
-        self.vars[index] = replace(v, ub=min(v.ub, float(ub)))
+        self.vars[index] = Var(v.index, v.name, v.lb, min(v.ub, float(ub)), v.integer)
 
     @contextmanager
     def zeroed(self, indices: Iterable[int]) -> Iterator[None]:
