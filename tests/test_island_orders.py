@@ -69,6 +69,20 @@ def _mixed() -> PlanningContext:
                            TrainingSpec(global_batch_size=16, seq_len=1024), space=space)
 
 
+def _search(ctx: PlanningContext, **kw) -> BranchAndBound:
+    return BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
+                          formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
+                          on_progress=None, t0=time.perf_counter() - 1.0, **kw)
+
+
+def _turning_search(ctx: PlanningContext, monkeypatch, **knobs) -> BranchAndBound:
+    """A search whose island-order turns run from the start, whatever the gap, with every share
+    of the time theirs, and the ``tuning`` knobs given."""
+    for name, value in {"ORDER_START_SHARE": 0.0, "ORDER_MIN_GAP": 0.0, "ORDER_SHARE": 1.0, **knobs}.items():
+        monkeypatch.setattr(tuning, name, value)
+    return _search(ctx)
+
+
 def _plans_by_order(problem):
     """Multi-stage plans by island order: (exact step time, period, plan)."""
     out: dict[tuple[int, ...], list] = {}
@@ -110,14 +124,7 @@ def test_order_turns_improve_on_the_incumbent_and_try_every_order_around_the_las
     problem = ctx.problem(2)
     by_order = _plans_by_order(problem)
     worst_t, worst_lam, worst = max((p for ps in by_order.values() for p in ps), key=lambda p: p[0])
-    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
-    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
-    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 10**6)
-    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
-                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
-                            on_progress=None, t0=time.perf_counter() - 1.0)
+    search = _turning_search(ctx, monkeypatch, ORDER_SLICE_S=60.0, ORDER_PATIENCE=10**6)
     sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
     sub.types = enumerate_types(problem, worst_t)
     search.offer(2, list(worst), worst_t)
@@ -145,13 +152,7 @@ def test_order_turns_wait_for_a_new_incumbent_after_patience_runs_out(monkeypatc
     ctx = _mixed()
     problem = ctx.problem(2)
     best_t, _, best = min((p for ps in _plans_by_order(problem).values() for p in ps), key=lambda p: p[0])
-    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
-    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 2)
-    search = BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
-                            formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
-                            on_progress=None, t0=time.perf_counter() - 1.0)
+    search = _turning_search(ctx, monkeypatch, ORDER_PATIENCE=2)
     sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
     sub.types = enumerate_types(problem, best_t * 1.5)
     search.offer(2, list(best), best_t)
@@ -219,10 +220,6 @@ def test_a_dive_fixes_every_position_once_ends_first(stages):
     assert all(min(k, stages - 1 - k) <= min(j, stages - 1 - j) for a, k in enumerate(order) for j in order[a:])
 
 
-def _search(ctx: PlanningContext, **kw) -> BranchAndBound:
-    return BranchAndBound(ctx, backend="highs", time_limit_s=300, threads=1, seed=0, rel_gap=1e-4,
-                          formulation="aggregated", windows=True, fluid_cuts=True, warm_start=False,
-                          on_progress=None, t0=time.perf_counter() - 1.0, **kw)
 
 
 def test_a_dive_finds_the_best_plan_of_its_stage_count_and_leaves_its_model_as_it_was():
@@ -276,13 +273,7 @@ def test_once_the_orders_are_used_up_the_turns_dive_and_find_the_best_plan(monke
     plans = [p for ps in _plans_by_order(problem).values() for p in ps]
     worst_t, _, worst = max(plans, key=lambda p: p[0])
     best_t = min(t for t, _, _ in plans)
-    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
-    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
-    monkeypatch.setattr(tuning, "DIVE_LEAF_S", 30.0)
-    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 0)
-    search = _search(ctx)
+    search = _turning_search(ctx, monkeypatch, ORDER_SLICE_S=60.0, DIVE_LEAF_S=30.0, ORDER_PATIENCE=0)
     sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
     sub.types = enumerate_types(problem, worst_t)
     search.offer(2, list(worst), worst_t)
@@ -310,13 +301,7 @@ def test_a_dive_turn_stops_once_the_dives_patience_is_spent(monkeypatch):
     ctx = _mixed()
     problem = ctx.problem(2)
     best_t, _, best = min((p for ps in _plans_by_order(problem).values() for p in ps), key=lambda p: p[0])
-    monkeypatch.setattr(tuning, "ORDER_START_SHARE", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_MIN_GAP", 0.0)
-    monkeypatch.setattr(tuning, "ORDER_SHARE", 1.0)
-    monkeypatch.setattr(tuning, "ORDER_SLICE_S", 60.0)
-    monkeypatch.setattr(tuning, "ORDER_PATIENCE", 0)
-    monkeypatch.setattr(tuning, "DIVE_PATIENCE_S", 2.5)
-    search = _search(ctx)
+    search = _turning_search(ctx, monkeypatch, ORDER_SLICE_S=60.0, ORDER_PATIENCE=0, DIVE_PATIENCE_S=2.5)
     sub = search.subs[2] = SubProblem(b=2, problem=problem, lower_bound_s=0.0)
     sub.types = enumerate_types(problem, best_t * 1.5)
     search.offer(2, list(best), best_t)
