@@ -217,6 +217,7 @@ def test_windows_bounded_in_workers_give_the_bounds_and_optimum_of_the_search_al
             got = future.result(timeout=60)
             assert got.mip is None and (got.bound_s, got.fixed, got.max_tail_s, got.model_size) == \
                 (here.bound_s, here.fixed, here.max_tail_s, here.model_size)
+            assert got.model_size is None or (got.build_s > 0 and got.lp_s > 0)  # its time comes back too
             compared.append(math.isfinite(got.bound_s))
         return future
 
@@ -225,6 +226,9 @@ def test_windows_bounded_in_workers_give_the_bounds_and_optimum_of_the_search_al
                  options=SearchOptions(sequence_leaves=True, multi_pipeline=False))
     assert True in compared, "no window was bounded in a worker"
     assert both.certificate.status == alone.certificate.status == "optimal"
+    # each sub-problem's row says how long its windows took to build and to bound by their LPs
+    rows = [r for r in both.certificate.subproblems if r.get("lp_solves")]
+    assert rows and all(r["window_build_s"] > 0 and r["window_lp_s"] > 0 for r in rows)
     assert both.step_time_s == pytest.approx(alone.step_time_s, rel=1e-9)
 
 

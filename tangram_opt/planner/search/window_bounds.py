@@ -60,6 +60,10 @@ class WindowBound:
     model_size: tuple[int, int, int] | None = None
     lp_solved: bool = False
     mip: AggregatedMIP | PositionalMIP | None = None
+    #: seconds building the model (or restricting its parent's) and solving its LP relaxation
+    #: (HiGHS's simplex and handing the model over): where a window's bound goes
+    build_s: float = 0.0
+    lp_s: float = 0.0
 
 
 def with_stages(problem: PipelineProblem, stages: tuple[int, int] | None) -> PipelineProblem:
@@ -89,16 +93,18 @@ def bound_model(mip: AggregatedMIP | PositionalMIP | None, window: Window, *, qu
     st = mip.model.stats()
     size = (st.rows, st.columns, st.integer_columns)
     tick = mip.options.tick_s
+    started = time.perf_counter()
     lp = lp_relaxation_bound(mip.model, time_limit_s=lp_time_limit_s,
                              cutoff=None if target_s is None else target_s / tick)
+    lp_s = time.perf_counter() - started
     if lp is not None and math.isinf(lp):
-        return WindowBound(math.inf, model_size=size, lp_solved=True, mip=mip)
+        return WindowBound(math.inf, model_size=size, lp_solved=True, mip=mip, lp_s=lp_s)
     slack = rounding_ticks(mip.problem.num_micro_batches) * tick
     bound = quick_bound_s if lp is None else max(quick_bound_s if window.lo_s <= 0 else 0.0, lp * tick - slack)
     if isinstance(mip, AggregatedMIP):
         tails = [t.tail_s for ts in mip.types.values() for t in ts]
-        return WindowBound(bound, mip.fixed_types(), max(tails, default=0.0), size, True, mip)
-    return WindowBound(bound, model_size=size, lp_solved=True, mip=mip)
+        return WindowBound(bound, mip.fixed_types(), max(tails, default=0.0), size, True, mip, lp_s=lp_s)
+    return WindowBound(bound, model_size=size, lp_solved=True, mip=mip, lp_s=lp_s)
 
 
 def bound_in_worker(shared: tuple[PipelineProblem, dict[str, list[StageType]]], options: FormulationOptions,
@@ -106,8 +112,11 @@ def bound_in_worker(shared: tuple[PipelineProblem, dict[str, list[StageType]]], 
     """:func:`build_aggregated` and :func:`bound_model` (with ``arguments``) in a worker process,
     from the sub-problem and stage types it holds (``shared``); the model stays behind."""
     problem, types = shared
-    found = bound_model(build_aggregated(problem, types, options, window), window, **arguments)
-    found.mip = None
+    started = time.perf_counter()
+    mip = build_aggregated(problem, types, options, window)
+    build_s = time.perf_counter() - started
+    found = bound_model(mip, window, **arguments)
+    found.mip, found.build_s = None, build_s
     return found
 
 
@@ -138,13 +147,17 @@ class WindowBounds:
     def bound_here(self, sub: SubProblem, window: Window, parent: AggregatedMIP | None = None) -> WindowBound:
         """Build ``window``'s model (or restrict ``parent``, the model of the same window over all
         stage counts, to its stage counts) and bound it by its LP relaxation."""
+        started = time.perf_counter()
         if parent is not None and window.stages is not None:
             mip: AggregatedMIP | PositionalMIP | None = parent.with_stage_range(*window.stages)
             if mip.empty:  # type: ignore[union-attr]
                 mip = None
         else:
             mip = self.build(sub, window)
-        return bound_model(mip, window, **self.bound_arguments(sub))
+        build_s = time.perf_counter() - started
+        found = bound_model(mip, window, **self.bound_arguments(sub))
+        found.build_s = build_s
+        return found
 
     def bound_arguments(self, sub: SubProblem) -> dict[str, Any]:
         """``bound_model``'s arguments. An LP gets at most the time left (at least 0.1 s): one that
@@ -165,6 +178,8 @@ class WindowBounds:
                 sub.info.setdefault(name, value)
         if found.lp_solved:
             sub.info["lp_solves"] += 1
+        for key, seconds in (("window_build_s", found.build_s), ("window_lp_s", found.lp_s)):
+            sub.info[key] = sub.info.get(key, 0.0) + seconds
         if math.isinf(found.bound_s):
             return None
         return Node(bound_s=found.bound_s, b=sub.b, lo_s=window.lo_s, hi_s=window.hi_s, mip=found.mip,
