@@ -160,10 +160,10 @@ class WindowBounds:
         return found
 
     def bound_arguments(self, sub: SubProblem) -> dict[str, Any]:
-        """``bound_model``'s arguments. An LP gets at most the time left (at least 0.1 s): one that
-        stops unfinished leaves its window at its enclosing window's bound, where an LP of a
-        second in a search of half a second (the multi-pipeline level's sub-cluster searches) kept
-        the search up to twice its time limit."""
+        """``bound_model``'s arguments. An LP gets at most the time left (at least 0.1 s), where
+        its floor of a second let an LP started near the end (or in the multi-pipeline level's
+        sub-cluster searches of half a second) run past the limit; one that stops unfinished
+        leaves its window at its enclosing window's bound."""
         return {"quick_bound_s": sub.lower_bound_s,
                 "target_s": self.target_s() if math.isfinite(self.inc_s) else None,
                 "lp_time_limit_s": min(max(1.0, self.time_limit_s / 10), max(0.1, self.remaining()))}
