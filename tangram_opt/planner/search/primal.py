@@ -21,6 +21,8 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from tangram_opt.errors import InfeasibleError, NoSolutionError
 from tangram_opt.planner.candidates import Candidate, HeuristicallyPruned
 from tangram_opt.planner.context import PlanningContext
@@ -101,11 +103,11 @@ class PrimalHeuristics:
         (``turn_ends``: the plan reversed, its island blocks reordered). Balanced by construction,
         these plans are often better than what the window MIPs find in their time; when they improve
         the sub-problem's best plan to within ``KNAPSACK_DESCENT_NEAR`` of the incumbent, the
-        neighbourhood search descends from it at once. Each cap is tried as
-        is, with one island capped lower (separator covers), with k small stages set aside on
-        one island for each placement of the first and last stage (reserved separators: large
-        stages of every island, that island's included, alternate with them). Island caps: for caps up
-        to ``KNAPSACK_PLAN_ISLAND_SPAN`` times the bound, every island's cap a fraction
+        neighbourhood search descends from it at once. Each cap is tried as is, with one island
+        capped lower (separator covers), with k small stages set aside on one island for each
+        placement of the first and last stage (reserved separators: large stages of every island,
+        that island's included, alternate with them). Island caps: for caps up to
+        ``KNAPSACK_PLAN_ISLAND_SPAN`` times the bound, every island's cap a fraction
         (``KNAPSACK_PLAN_ISLAND_CAPS``) of it. Where slow NICs make gradient syncs long, stages of a
         slow-NIC island are best kept small, so that their tails hide behind the backward upstream,
         and the period then lies well above the knapsack's bound: the best plan known of
@@ -117,8 +119,13 @@ class PrimalHeuristics:
             return
         deadline = time.perf_counter() + budget
         before = sub.objective_s if sub.objective_s is not None else math.inf
-        times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * tuning.KNAPSACK_PLAN_SPAN))]
-        caps = times[::max(1, len(times) // tuning.KNAPSACK_PLAN_CAPS)]
+
+        def caps_up_to(span: float) -> np.ndarray:
+            """About KNAPSACK_PLAN_CAPS of the knapsack's stage times in [knap, min(hi, span knap)]."""
+            times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * span))]
+            return times[::max(1, len(times) // tuning.KNAPSACK_PLAN_CAPS)]
+
+        caps = caps_up_to(tuning.KNAPSACK_PLAN_SPAN)
         seen: set[tuple] = set()
         p2p = sub.problem.link_lo_s
         islands = sorted(sub.problem.island_gpus)
@@ -165,8 +172,7 @@ class PrimalHeuristics:
         # island caps: every island within its own fraction of the cap, one at the full cap
         fractions = [f for f in itertools.product(tuning.KNAPSACK_PLAN_ISLAND_CAPS, repeat=len(islands))
                      if max(f) == 1 and min(f) < 1] if len(islands) > 1 else []
-        times = sack.times[(sack.times >= knap) & (sack.times <= min(hi, knap * tuning.KNAPSACK_PLAN_ISLAND_SPAN))]
-        for lam in times[::max(1, len(times) // tuning.KNAPSACK_PLAN_CAPS)]:
+        for lam in caps_up_to(tuning.KNAPSACK_PLAN_ISLAND_SPAN):
             if time.perf_counter() > deadline:
                 break
             for frac in fractions:
