@@ -613,6 +613,65 @@ def test_lp_relaxations_of_forks_reuse_the_parents_rows_and_basis_with_the_same_
     assert optimal >= 3 and md.lp_cache["rows"][0] == 40  # the forks' rows stay theirs
 
 
+def _cover_model(rows_as_arrays: bool) -> LinearModel:
+    """A random covering MILP; with ``rows_as_arrays`` every other row is an ArrayConstraint (one
+    of them with a zero coefficient, which ``add`` drops as it does in a dict row)."""
+    import random
+
+    from tangram_opt.solvers import ArrayConstraint, Constraint
+
+    rng = random.Random(11)
+    md = LinearModel(name="arrays")
+    xs = [md.add_var(f"x{i}", 0, rng.choice([1, 2, 5]), integer=True) for i in range(12)]
+    for j in range(14):
+        picked = rng.sample(range(len(xs)), 5)
+        coefs = {i: float(rng.randint(1, 9)) for i in picked}
+        if j == 3:
+            coefs[picked[0]] = 0.0
+        rhs = float(rng.randint(4, 20))
+        if rows_as_arrays and j % 2:
+            md.add(ArrayConstraint(list(coefs), list(coefs.values()), rhs, math.inf), f"cover{j}")
+        else:
+            md.add(Constraint(dict(coefs), rhs, math.inf), f"cover{j}")
+    md.minimize(lsum(rng.randint(1, 9) * x for x in xs))
+    return md
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_array_rows_are_the_same_rows_to_every_backend(backend, tmp_path):
+    # the dense rows of a window's model are ArrayConstraints, handed to HiGHS as arrays: every
+    # backend, the checker and the MPS writer must see the model the dict rows make
+    import numpy as np
+
+    from tangram_opt.solvers.highs import _rows
+
+    plain, arrays = _cover_model(False), _cover_model(True)
+    assert plain.stats() == arrays.stats() and plain.size() == arrays.size()
+    for a, b in zip(_rows(plain, np), _rows(arrays, np)):
+        assert np.array_equal(a, b)
+    want, got = solve_model(plain, backend), solve_model(arrays, backend)
+    assert got.status == want.status == SolveStatus.OPTIMAL
+    assert got.objective == pytest.approx(want.objective) and arrays.check(got.values) == []
+    plain.write_mps(str(tmp_path / "plain.mps"))
+    arrays.write_mps(str(tmp_path / "arrays.mps"))
+    assert (tmp_path / "plain.mps").read_text() == (tmp_path / "arrays.mps").read_text()
+    # a fork converts only its new rows and keeps the parent's arrays (HiGHS's cache)
+    child = arrays.fork()
+    from tangram_opt.solvers import ArrayConstraint
+
+    child.add(ArrayConstraint([0, 5], [1.0, 1.0], 1.0, math.inf), "more")
+    fresh = LinearModel(name="fresh", vars=child.vars, constraints=list(child.constraints))
+    for a, b in zip(_rows(child, np), _rows(fresh, np)):
+        assert np.array_equal(a, b)
+
+
+def test_an_array_row_needs_one_index_per_value():
+    from tangram_opt.solvers import ArrayConstraint
+
+    with pytest.raises(ValueError, match="one index per value"):
+        ArrayConstraint([0, 1], [1.0], 0.0, 1.0)
+
+
 @pytest.mark.parametrize("backend", [b for b in ("highs", "cp-sat") if b in available_backends()])
 def test_a_time_limit_already_passed_stops_the_solve_instead_of_lifting_it(backend, monkeypatch):
     # a deadline computed as "time left" can be negative: HiGHS refused such a limit and kept none

@@ -7,8 +7,8 @@ it.
 from tangram_opt.solvers.backends import (BACKENDS, DEFAULT_BACKEND, available_backends, get_backend, lp_relaxation_bound,
                                           solve_model)
 from tangram_opt.solvers.protocol import ProgressPoint, SolveOptions, SolveResult, SolveStatus, relative_gap
-from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, ModelStats, Var, lsum
+from tangram_opt.solvers.model import ArrayConstraint, Constraint, LinearModel, LinExpr, ModelStats, Var, lsum
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "ProgressPoint", "SolveOptions", "SolveResult", "SolveStatus",
-           "available_backends", "get_backend", "lp_relaxation_bound", "relative_gap", "solve_model", "Constraint", "LinearModel",
+           "available_backends", "get_backend", "lp_relaxation_bound", "relative_gap", "solve_model", "ArrayConstraint", "Constraint", "LinearModel",
            "LinExpr", "ModelStats", "Var", "lsum"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
+
 from tangram_opt.errors import SolverUnavailableError, SpecError
 from tangram_opt.solvers.model import LinearModel
 from tangram_opt.solvers.cpsat import CpSatBackend
@@ -69,9 +71,12 @@ def lp_relaxation_bound(model: LinearModel, time_limit_s: float = 10.0, *, cutof
         return None
     if cutoff is not None and res.reduced_costs is not None and res.values is not None:
         slack = cutoff - res.objective
-        for v, x, d in zip(model.vars, res.values, res.reduced_costs):
-            if v.integer and v.lb == 0 and x <= 1e-9 and d > slack + 1e-6 * max(1.0, abs(slack)):
-                model.set_upper_bound(v.index, 0.0)
+        # the value and reduced-cost tests on arrays, the column's kind on the few that pass them
+        x, d = np.asarray(res.values), np.asarray(res.reduced_costs)
+        for j in np.flatnonzero((x <= 1e-9) & (d > slack + 1e-6 * max(1.0, abs(slack)))).tolist():
+            v = model.vars[j]
+            if v.integer and v.lb == 0:
+                model.set_upper_bound(j, 0.0)
     return res.objective
 
 

@@ -8,7 +8,7 @@ import itertools
 import os
 from typing import Any
 
-from tangram_opt.solvers.model import LinearModel
+from tangram_opt.solvers.model import ArrayConstraint, LinearModel
 from tangram_opt.solvers.protocol import (Backend, SolveOptions, SolveResult, SolveStatus, Trajectory, number_or_none,
                                           optimal_bound)
 
@@ -62,7 +62,8 @@ def _rows(model: LinearModel, np: Any) -> tuple[Any, Any, Any, Any, Any]:
     """The rows in the arrays of HiGHS's row-wise ``passModel``: starts (with the end), column
     indices, values, lower and upper bounds. Rows never change once added (``LinearModel.add``), so
     the arrays of a prefix are kept in ``model.lp_cache`` and a fork converts only its new rows
-    (on a window's stage-range children, most of what an LP relaxation cost in Python)."""
+    (on a window's stage-range children, most of what an LP relaxation cost in Python). Rows held as
+    arrays (``ArrayConstraint``) are copied as they are, the others read from their dicts."""
     rows = model.constraints
     m = len(rows)
     cached = model.lp_cache.get("rows")
@@ -70,10 +71,24 @@ def _rows(model: LinearModel, np: Any) -> tuple[Any, Any, Any, Any, Any]:
     if cached is not None and 0 < cached[0] <= m and rows[cached[0] - 1] is cached[1]:
         k = cached[0]
     new = rows[k:]
-    lengths = np.fromiter((len(c.coefs) for c in new), dtype=np.int32, count=m - k)
-    index = np.fromiter(itertools.chain.from_iterable(c.coefs.keys() for c in new), dtype=np.int32,
+    arrays = [c for c in new if type(c) is ArrayConstraint]
+    sparse = [c for c in new if type(c) is not ArrayConstraint] if arrays else new
+    lengths = np.fromiter((len(c.coefs) for c in sparse), dtype=np.int32, count=len(sparse))
+    index = np.fromiter(itertools.chain.from_iterable(c.coefs.keys() for c in sparse), dtype=np.int32,
                         count=int(lengths.sum()))
-    value = np.fromiter(itertools.chain.from_iterable(c.coefs.values() for c in new), dtype=float, count=len(index))
+    value = np.fromiter(itertools.chain.from_iterable(c.coefs.values() for c in sparse), dtype=float, count=len(index))
+    if arrays:  # array rows as they are, interleaved with the others in row order
+        dense = np.fromiter((type(c) is ArrayConstraint for c in new), dtype=bool, count=m - k)
+        lengths_all = np.empty(m - k, dtype=np.int32)
+        lengths_all[dense] = [len(c.index) for c in arrays]
+        lengths_all[~dense] = lengths
+        lengths = lengths_all
+        at = np.repeat(dense, lengths)
+        index_all, value_all = np.empty(len(at), dtype=np.int32), np.empty(len(at))
+        index_all[at] = np.concatenate([c.index for c in arrays])
+        value_all[at] = np.concatenate([c.value for c in arrays])
+        index_all[~at], value_all[~at] = index, value
+        index, value = index_all, value_all
     lb = np.fromiter((c.lb for c in new), dtype=float, count=m - k)
     ub = np.fromiter((c.ub for c in new), dtype=float, count=m - k)
     if k:
@@ -127,7 +142,8 @@ class HighsBackend(Backend):
         start, index, value, row_lb, row_ub = _rows(model, np)
         nnz = int(start[-1])
         mip = not relax and any(v.integer for v in model.vars)
-        integrality = np.fromiter((1 if mip and v.integer else 0 for v in model.vars), dtype=np.int32, count=n)
+        integrality = (np.fromiter((1 if v.integer else 0 for v in model.vars), dtype=np.int32, count=n) if mip
+                       else np.zeros(n, dtype=np.int32))
         passed = h.passModel(n, m, nnz, int(highspy.MatrixFormat.kRowwise), int(highspy.ObjSense.kMinimize),
                              float(model.objective.const), cost,
                              np.fromiter((v.lb for v in model.vars), dtype=float, count=n),

@@ -170,6 +170,40 @@ class Constraint:
     name: str = ""
 
 
+class ArrayConstraint:
+    """``lb <= sum(value[k] * x[index[k]]) <= ub`` held as two arrays (distinct column indices):
+    the dense rows of a window's model, over every stage type, built from arrays and handed to an
+    LP backend as they are (solvers/highs.py), where a coefficient dict per row cost more in Python
+    than the simplex on them. ``coefs`` is the same row as a dict, built when first read, for
+    every other consumer (MPS, the other backends, :meth:`LinearModel.check`)."""
+
+    __slots__ = ("index", "value", "lb", "ub", "name", "_coefs")
+
+    def __init__(self, index: Any, value: Any, lb: float, ub: float, name: str = ""):
+        import numpy as np
+
+        self.index = np.asarray(index, dtype=np.int32)
+        self.value = np.asarray(value, dtype=float)
+        if self.index.shape != self.value.shape or self.index.ndim != 1:
+            raise ValueError("an array row needs one index per value")
+        self.lb, self.ub, self.name = float(lb), float(ub), name
+        self._coefs: dict[int, float] | None = None
+
+    @property
+    def coefs(self) -> dict[int, float]:
+        if self._coefs is None:
+            self._coefs = dict(zip(self.index.tolist(), self.value.tolist()))
+        return self._coefs
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def row_length(row: Constraint | ArrayConstraint) -> int:
+    """The nonzeros of a row, without building an array row's dict."""
+    return len(row.index) if type(row) is ArrayConstraint else len(row.coefs)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelStats:
     rows: int
@@ -185,7 +219,7 @@ class LinearModel:
 
     name: str = "model"
     vars: list[Var] = field(default_factory=list)
-    constraints: list[Constraint] = field(default_factory=list)
+    constraints: list[Constraint | ArrayConstraint] = field(default_factory=list)
     objective: LinExpr = field(default_factory=LinExpr)
     hint: dict[int, float] = field(default_factory=dict)
     _names: set[str] = field(default_factory=set, repr=False)
@@ -216,13 +250,19 @@ class LinearModel:
     def add_binary(self, name: str) -> Var:
         return self.add_var(name, 0, 1, integer=True)
 
-    def add(self, con: Constraint, name: str = "") -> Constraint:
-        if not isinstance(con, Constraint):
-            raise TypeError("add() takes a constraint built with <=, >= or ==")
-        # the row owns a copy of its coefficients; zeros dropped (a scan and a copy in C; the
-        # Python rebuild only when a zero is there)
-        coefs, rows = con.coefs, self.constraints
-        con.coefs = {i: c for i, c in coefs.items() if c != 0.0} if 0.0 in coefs.values() else dict(coefs)
+    def add(self, con: Constraint | ArrayConstraint, name: str = "") -> Constraint | ArrayConstraint:
+        rows = self.constraints
+        if isinstance(con, ArrayConstraint):
+            zero = con.value == 0.0
+            if zero.any():
+                con.index, con.value, con._coefs = con.index[~zero], con.value[~zero], None
+        elif isinstance(con, Constraint):
+            # the row owns a copy of its coefficients; zeros dropped (a scan and a copy in C; the
+            # Python rebuild only when a zero is there)
+            coefs = con.coefs
+            con.coefs = {i: c for i, c in coefs.items() if c != 0.0} if 0.0 in coefs.values() else dict(coefs)
+        else:
+            raise TypeError("add() takes a constraint built with <=, >= or == (or an ArrayConstraint)")
         name = name or f"c{len(rows)}"
         if name in self._names:  # solvers (CBC through OR-Tools) abort on duplicate row names
             name = f"{name}#{len(rows)}"
@@ -268,11 +308,15 @@ class LinearModel:
                 and all(whole(c) for c in self.objective.coefs.values())
                 and all(whole(c) and whole(k.lb) and whole(k.ub) for k in self.constraints for c in k.coefs.values()))
 
+    def size(self) -> tuple[int, int, int]:
+        """Rows, columns and integer columns: :meth:`stats` without a pass over the nonzeros."""
+        return len(self.constraints), len(self.vars), sum(v.integer for v in self.vars)
+
     def stats(self) -> ModelStats:
         ints = sum(v.integer for v in self.vars)
         bins = sum(v.integer and v.lb == 0 and v.ub == 1 for v in self.vars)
         return ModelStats(rows=len(self.constraints), columns=len(self.vars), integer_columns=ints,
-                          binary_columns=bins, nonzeros=sum(len(c.coefs) for c in self.constraints))
+                          binary_columns=bins, nonzeros=sum(row_length(c) for c in self.constraints))
 
     def check(self, x: Sequence[float], *, tol: float = 1e-6) -> list[str]:
         """Violations of bounds, integrality and constraints by ``x`` (empty when feasible)."""

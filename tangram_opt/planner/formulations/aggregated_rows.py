@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tangram_opt.planner.formulations.ticks import rounders
-from tangram_opt.solvers.model import Constraint, LinearModel, LinExpr, Var
+from tangram_opt.solvers.model import ArrayConstraint, Constraint, LinearModel, LinExpr, Var
 
 #: rows Y >= (least tail above theta) - (cover upstream) per tail window (``_tail_window_rows``)
 TAIL_WINDOW_ROWS = 16
@@ -158,7 +158,7 @@ class OrderRows:
                     on_i = [p.links[i, j] for j in G] + [p.links[j, i] for j in G]
                     for ci in {ci for _, ci, _, _ in cols[i]}:
                         side_of[ci] = min(max(lk.side_s(cands[ci]), lk.shared_s) for lk in on_i)
-                col = [vi for vi, _, _, _ in members]
+                col = np.array([vi for vi, _, _, _ in members], dtype=np.int64)
                 t = np.array([tm for _, _, tm, _ in members])
                 side = np.array([side_of[ci] for _, ci, _, _ in members])
                 u_g = min(float(p.max_stages), sum(ub for *_, ub in members))
@@ -172,27 +172,26 @@ class OrderRows:
                                      (lo_t, hi_t), f"island_block_{{}}[{tag}|{q}]")
                 if self.options.island_sides and size == len(used) > 1:
                     island_of = [cands[ci].island for _, ci, _, _ in members]
-                    self._island_side_rows(G, col, t, side, island_of, [degree[vi] for vi in col], lat, u_g, relax,
-                                           (lo_t, hi_t))
+                    self._island_side_rows(G, col, t, side, island_of, [degree[vi] for vi, *_ in members], lat,
+                                           u_g, relax, (lo_t, hi_t))
 
-    def _block_pair(self, col: list[int], priced: np.ndarray, links: dict[int, float], u_g: float,
+    def _block_pair(self, col: np.ndarray, priced: np.ndarray, links: dict[int, float], u_g: float,
                     relax: LinExpr, bounds: tuple[int, int], label: str) -> None:
         """The rows ``hi n >= priced . x - links . a`` and ``lo n + u_g (Smax - lo) >=`` the same
         (McCormick's over-estimators of ``Smax n`` on Smax in [lo, hi] and n in [0, u_g]), ``n`` the
         stages of the columns ``col`` and ``links`` the coefficients of boundary columns, in ticks;
-        ``relax`` switches them off, ``label`` names them with "hi" or "lo" in its braces."""
+        ``relax`` switches them off, ``label`` names them with "hi" or "lo" in its braces. Array
+        rows: ``col`` (stage types), ``links`` (boundaries), Smax and ``relax`` (the binary "short")
+        are distinct columns."""
         md, Smax = self.model, self.aux["Smax"]
         lo_t, hi_t = bounds
         for name, per, k in (("hi", hi_t, 0.0), ("lo", lo_t, u_g)):
-            row = dict(zip(col, (per - priced).tolist()))
-            row.update(links)
-            if k:
-                row[Smax.index] = k
-            for vi, c in relax.coefs.items():
-                row[vi] = row.get(vi, 0.0) + c
-            md.add(Constraint(row, k * lo_t - relax.const, math.inf), label.format(name))
+            extra = {**links, Smax.index: k, **relax.coefs} if k else {**links, **relax.coefs}
+            md.add(ArrayConstraint(np.concatenate((col, np.fromiter(extra, np.int64, len(extra)))),
+                                   np.concatenate((per - priced, np.fromiter(extra.values(), float, len(extra)))),
+                                   k * lo_t - relax.const, math.inf), label.format(name))
 
-    def _island_side_rows(self, G: tuple[int, ...], col: list[int], t: np.ndarray, side: np.ndarray,
+    def _island_side_rows(self, G: tuple[int, ...], col: np.ndarray, t: np.ndarray, side: np.ndarray,
                           island_of: list[int], degree: list[float], lat: float, u_g: float,
                           relax: LinExpr, bounds: tuple[int, int]) -> None:
         """The whole-pipeline block with every boundary priced by the sides of both its stages.
@@ -316,17 +315,14 @@ class OrderRows:
         that no other stage of M can neighbour is a run alone, with one edge into L:
         2 n_H + e_H + h_H + 2 medium + (isolated ends of M) - (other ends of M) <= sum over L of (2 n + e + h),
         ``medium`` counting middle stages of M only."""
-        # dense rows (every type of the window): coefficient dicts built directly, not through
-        # LinExpr arithmetic, which copies them at every operation
-        row = dict(zip(st.col[heavy].tolist(), (2.0 - st.ends[heavy]).tolist()))
-        light_cols, light_ends = st.col[light].tolist(), st.ends[light] == 1
-        edges = dict(zip(light_cols, np.where(light_ends, -1.0, -2.0).tolist()))  # an end has one neighbour
-        full = {**row, **edges}
+        # dense rows (every type of the window) as arrays; H, L and M are disjoint masks
+        light_ends = st.ends[light] == 1
+        cols = np.concatenate((st.col[heavy], st.col[light]))
+        edges = np.where(light_ends, -1.0, -2.0)  # an end has one neighbour
+        full = np.concatenate((2.0 - st.ends[heavy], edges))
         if sandwich is not None:  # and so has a middle stage too slow to sit between two heavy ones
-            once = light_ends | (st.t[light] > sandwich[light])
-            edges = dict(zip(light_cols, np.where(once, -1.0, -2.0).tolist()))
-        row.update(edges)
-        md.add(Constraint(row, -math.inf, 0.0), name)
+            edges = np.where(light_ends | (st.t[light] > sandwich[light]), -1.0, -2.0)
+        md.add(ArrayConstraint(cols, np.concatenate((2.0 - st.ends[heavy], edges)), -math.inf, 0.0), name)
         if medium is None or not heavy.any() or not medium.any():
             return
         medium_stages = list(zip(st.t[medium].tolist(), st.island[medium].tolist(), st.ends[medium].tolist(),
@@ -342,21 +338,24 @@ class OrderRows:
             fastest[key] = min(t, fastest.get(key, math.inf))
         partner = {"first": ("mid", "last"), "last": ("mid", "first")}
         mids_m: dict[int, float] = {}
+        ends_m: dict[int, float] = {}
         for t, j, ends, ci in medium_stages:
             if not ends:
                 mids_m[ci] = 1.0
                 continue
             alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items()
                         if r in partner[role(ci, ends)])
-            full[ci] = 1.0 if alone else -1.0
+            ends_m[ci] = 1.0 if alone else -1.0
         if mids_m:
             # u = 1 as soon as a middle stage of M is used (integrality does the rest): one row
             # instead of one per type of M
             u = md.add_binary(f"medium{tag}")
             md.add(Constraint({**mids_m, u.index: -float(self.problem.max_stages)}, -math.inf, 0.0), f"medium_def{tag}")
-            full[u.index] = 2.0
+            ends_m[u.index] = 2.0
             self.medium.append((u, frozenset(mids_m)))
-        md.add(Constraint(full, -math.inf, 0.0), f"neighbours_medium{tag}")
+        md.add(ArrayConstraint(np.concatenate((cols, np.fromiter(ends_m, np.int64, len(ends_m)))),
+                               np.concatenate((full, np.fromiter(ends_m.values(), float, len(ends_m)))),
+                               -math.inf, 0.0), f"neighbours_medium{tag}")
 
     def _tail_average_rows(self, md: LinearModel, Y: Var, U: Var,  # type: ignore[no-untyped-def]
                            columns, island, gpus, fl, ce, out_lo: dict[int, float]) -> None:

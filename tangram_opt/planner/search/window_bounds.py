@@ -90,8 +90,7 @@ def bound_model(mip: AggregatedMIP | PositionalMIP | None, window: Window, *, qu
     below the sub-problem's quick bound ``quick_bound_s`` when the window starts at 0."""
     if mip is None:
         return WindowBound(math.inf)
-    st = mip.model.stats()
-    size = (st.rows, st.columns, st.integer_columns)
+    size = mip.model.size()
     tick = mip.options.tick_s
     started = time.perf_counter()
     lp = lp_relaxation_bound(mip.model, time_limit_s=lp_time_limit_s,
