@@ -31,11 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tangram_opt.planner.formulations.ticks import rounders
-from tangram_opt.solvers.model import Constraint, Var
+from tangram_opt.solvers.model import ArrayConstraint, Constraint, Var
 
 if TYPE_CHECKING:
     from tangram_opt.planner.formulations.aggregated import AggregatedMIP
+    from tangram_opt.planner.formulations.problem import PipelineProblem
 
 #: a class holds the types of one island whose slack below the window's upper edge ``hi`` lies in
 #: one geometric step of this factor (fine near ``hi``, where blocks are tight) ...
@@ -79,126 +82,146 @@ def add_neighbour_classes(mip: AggregatedMIP, columns: Sequence[tuple[str, dict[
                           hi: float) -> NeighbourClasses | None:
     """Add the class rows to ``mip``'s model for the window ``lambda <= hi`` (1F1B, ``m > 2``; the
     centre rows need ``m > 3``). None, and nothing added, when every block of two and of three
-    classes fits the window: the rows would cut nothing then."""
+    classes fits the window: the rows would cut nothing then. The classes' pairs are priced as
+    matrices: a window has 50 to 130 classes, and the pairs, the degree rows and the centre rows
+    went over every pair in Python."""
     p, md = mip.problem, mip.model
-    fl, ce = rounders(mip.options.tick_s)
+    _, ce = rounders(mip.options.tick_s)
     hi_t = ce(hi)
-    cands = p.candidates
     slack_f, side_f = CLASS_SLACK_FACTOR, CLASS_SIDE_FACTOR
     while True:
-        of, t_min, side = _classes(mip, columns, hi, slack_f, side_f)
-        n_cls = len(t_min)
+        cl = _classes(mip, columns, hi, slack_f, side_f)
+        n_cls = len(cl.t_min)
         if n_cls * (n_cls + 1) // 2 <= CLASS_MAX_EDGES or slack_f > 1e3:
             break
         slack_f, side_f = slack_f**2, side_f**2
-    island_of = {u: cands[mip.types[role][si].candidate].island for (role, si), u in of.items()}
-
-    def link(u: int, v: int) -> int:
-        i, j = island_of[u], island_of[v]
-        best = math.inf
-        for d in {(i, j), (j, i)}:
-            lk = p.links[d]
-            best = min(best, lk.latency_s + max(side[u][d], side[v][d], lk.shared_s))
-        return fl(best)
-
-    cls = range(n_cls)
-    c = {(u, v): link(u, v) for u in cls for v in cls if u <= v}
-    c.update({(v, u): w for (u, v), w in list(c.items())})
-    pair_ok = {(u, v) for u in cls for v in cls if u <= v and t_min[u] + t_min[v] + 2 * c[u, v] <= 2 * hi_t}
+    c = _class_links(p, cl, mip.options.tick_s)
+    t_min = cl.t_min
+    fits = t_min[:, None] + t_min[None, :] + 2 * c <= 2 * hi_t  # the block of two fits (symmetric)
+    upper = np.triu(fits)
     m = p.num_micro_batches
-    middle = {u for (role, _), u in of.items() if role == "mid"}
-
-    def partners(s: int) -> list[int]:
-        return [u for u in cls if (min(u, s), max(u, s)) in pair_ok]
-
-    reach: dict[int, dict[int, int]] = {}
+    reach: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # s -> (partners, their reaches)
     if m > 3:
-        for s in sorted(middle):
-            nb = partners(s)
-            r = {u: t_min[u] + 2 * c[u, s] for u in nb}
-            budget = 3 * hi_t - t_min[s]
-            if nb and 2 * max(r.values()) > budget:  # two of the farthest neighbours do not fit
-                reach[s] = r
-    if len(pair_ok) == n_cls * (n_cls + 1) // 2 and not reach:
+        for s in sorted(set(cl.cls[cl.mid].tolist())):
+            nb = np.flatnonzero(fits[s])
+            r = t_min[nb] + 2 * c[nb, s]
+            if len(nb) and 2 * r.max() > 3 * hi_t - t_min[s]:  # two of the farthest neighbours do not fit
+                reach[s] = (nb, r)
+    if fits.all() and not reach:
         return None
-    out = NeighbourClasses(of=of)
+    out = NeighbourClasses(of=dict(zip(cl.keys, cl.cls.tolist())))
     R = p.max_stages
-    for u, v in sorted(pair_ok):
-        out.edge[u, v] = md.add_var(f"E[{u},{v}]", 0, R, integer=True)
-    members: dict[int, dict[int, float]] = {u: {} for u in cls}  # class -> {column: degree}
-    for role, group in columns:
-        for si, var in group.items():
-            members[of[role, si]][var.index] = 2.0 if role == "mid" else 1.0
-    for u in cls:
-        row = {var.index: (2.0 if v == u else 1.0)
-               for v in cls if (var := out.edge.get((min(u, v), max(u, v)))) is not None}
-        for col, deg in members[u].items():
-            row[col] = row.get(col, 0.0) - deg
-        md.add(Constraint(row, 0.0, 0.0), f"class_degree[{u}]")
-    mid_cols = {u: [col for col, deg in members[u].items() if deg == 2.0] for u in cls}
-    for s, r in reach.items():
-        inc = {u: md.add_var(f"I[{s},{u}]", 0, 2 * R, integer=True) for u in r}
+    edge_index = np.full((n_cls, n_cls), -1, dtype=np.int64)
+    for u, v in zip(*np.nonzero(upper)):  # sorted (u, v), u <= v
+        var = out.edge[int(u), int(v)] = md.add_var(f"E[{u},{v}]", 0, R, integer=True)
+        edge_index[u, v] = edge_index[v, u] = var.index
+    order = np.argsort(cl.cls, kind="stable")  # the columns grouped by class, in column order
+    bounds = np.searchsorted(cl.cls[order], np.arange(n_cls + 1))
+    for u in range(n_cls):
+        mine = order[bounds[u]:bounds[u + 1]]
+        nb = np.flatnonzero(fits[u])
+        md.add(ArrayConstraint(np.concatenate((edge_index[u, nb], cl.col[mine])),
+                               np.concatenate((np.where(nb == u, 2.0, 1.0), -cl.degree[mine])), 0.0, 0.0),
+               f"class_degree[{u}]")
+    for s, (nb, r) in reach.items():
+        mine = order[bounds[s]:bounds[s + 1]]
+        inc = {int(u): md.add_var(f"I[{s},{u}]", 0, 2 * R, integer=True) for u in nb.tolist()}
         out.incid.update({(s, u): var for u, var in inc.items()})
-        row = {var.index: 1.0 for var in inc.values()}
-        row.update({col: -2.0 for col in mid_cols[s]})
-        md.add(Constraint(row, 0.0, 0.0), f"class_centre[{s}]")
+        mids = cl.col[mine][cl.mid[mine]]
+        md.add(ArrayConstraint(np.concatenate((np.fromiter((v.index for v in inc.values()), np.int64, len(inc)), mids)),
+                               np.concatenate((np.ones(len(inc)), np.full(len(mids), -2.0))), 0.0, 0.0),
+               f"class_centre[{s}]")
         for u, var in inc.items():
-            e = out.edge[min(u, s), max(u, s)]
-            md.add(Constraint({var.index: 1.0, e.index: -(2.0 if u == s else 1.0)}, -math.inf, 0.0),
+            md.add(Constraint({var.index: 1.0, int(edge_index[u, s]): -(2.0 if u == s else 1.0)}, -math.inf, 0.0),
                    f"class_incid[{s},{u}]")
         budget = 3 * hi_t - t_min[s]
-        for q, v in enumerate(sorted({x for x in r.values() if 2 * x > budget})):
-            row = {inc[u].index: 1.0 for u, x in r.items() if x >= v}
-            row.update({inc[u].index: -1.0 for u, x in r.items() if x <= budget - v})
+        reaches = dict(zip(inc, r.tolist()))
+        for q, v in enumerate(sorted({x for x in reaches.values() if 2 * x > budget})):
+            row = {inc[u].index: 1.0 for u, x in reaches.items() if x >= v}
+            row.update({inc[u].index: -1.0 for u, x in reaches.items() if x <= budget - v})
             md.add(Constraint(row, -math.inf, 0.0), f"class_pairs[{s}|{q}]")
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Classes:
+    """A window's stage types (every role, in column order) grouped into classes: per column its
+    (role, type) ``keys``, class ``cls``, index ``col``, boundaries ``degree`` (2 in the middle, 1 at
+    an end) and whether it is a middle type (``mid``); per class (numbered by first column) its
+    ``island``, fastest time ``t_min`` (ticks, rounded down) and smallest NIC and scale-up sides
+    (seconds): a stage's side of a link is one or the other, by the link's kind."""
+
+    keys: list[tuple[str, int]]
+    cls: np.ndarray
+    col: np.ndarray
+    degree: np.ndarray
+    mid: np.ndarray
+    island: np.ndarray
+    t_min: np.ndarray
+    nic: np.ndarray
+    scale_up: np.ndarray
+
+
 def _classes(mip: AggregatedMIP, columns: Sequence[tuple[str, dict[int, Var]]], hi: float, slack_factor: float,
-             side_factor: float) -> tuple[dict[tuple[str, int], int], list[int], list[dict[tuple[int, int], float]]]:
-    """Group the window's stage types (every role) by island, time step and side-time steps:
-    (role, type) -> class, each class's fastest time (ticks, rounded down) and, per link touching
-    its island (both directions), its smallest side time on that link (seconds)."""
-    p = mip.problem
-    fl, _ = rounders(mip.options.tick_s)
-    cands = p.candidates
-    islands = sorted(p.island_gpus)
-    number: dict[tuple[int, int, int, int], int] = {}
-    of: dict[tuple[str, int], int] = {}
-    t_min: list[int] = []
-    side: list[dict[tuple[int, int], float]] = []
-    of_cand: dict[int, dict[tuple[int, int], float]] = {}  # candidate -> its side on each link of its island
-    merged: set[tuple[int, int]] = set()  # (class, candidate) whose sides the class holds
-    for role, group in columns:
-        for si in group:
-            t = mip.types[role][si]
-            cd = cands[t.candidate]
-            key = (cd.island, _step(hi - t.time_s, hi, slack_factor), _step(cd.p2p_nic_s, hi, side_factor),
-                   _step(cd.p2p_scale_up_s, hi, side_factor))
-            u = number.get(key)
-            if u is None:
-                u = number[key] = len(t_min)
-                t_min.append(fl(t.time_s))
-                side.append({})
-            of[role, si] = u
-            t_min[u] = min(t_min[u], fl(t.time_s))
-            if (u, t.candidate) in merged:  # many types share a candidate
-                continue
-            merged.add((u, t.candidate))
-            sides = of_cand.get(t.candidate)
-            if sides is None:
-                sides = of_cand[t.candidate] = {d: p.links[d].side_s(cd) for j in islands
-                                                for d in ((cd.island, j), (j, cd.island))}
-            for d, s in sides.items():
-                side[u][d] = min(side[u].get(d, math.inf), s)
-    return of, t_min, side
+             side_factor: float) -> _Classes:
+    """Group the window's stage types (every role) by island, time step and side-time steps."""
+    cands = mip.problem.candidates
+    keys = [(role, si) for role, group in columns for si in group]
+    types = [mip.types[role][si] for role, si in keys]
+    n = len(keys)
+    cand = np.fromiter((t.candidate for t in types), np.int64, n)
+    time_s = np.fromiter((t.time_s for t in types), float, n)
+    used, at = np.unique(cand, return_inverse=True)
+    island = np.array([cands[ci].island for ci in used.tolist()], dtype=np.int64)[at]
+    nic = np.array([cands[ci].p2p_nic_s for ci in used.tolist()], dtype=float)[at]
+    scale_up = np.array([cands[ci].p2p_scale_up_s for ci in used.tolist()], dtype=float)[at]
+    key = np.stack((island, _steps(hi - time_s, hi, slack_factor), _steps(nic, hi, side_factor),
+                    _steps(scale_up, hi, side_factor)), axis=1)
+    _, first, cls = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    cls = cls.reshape(-1)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))  # classes numbered by first column
+    cls = rank[cls]
+    k = len(first)
+    per_class = lambda values: _least(k, cls, values)  # noqa: E731
+    mid = np.fromiter((role == "mid" for role, _ in keys), bool, n)
+    col = np.fromiter((var.index for _, group in columns for var in group.values()), np.int64, n)
+    t_fl = np.floor(time_s / mip.options.tick_s + 1e-9)  # ticks.rounders' floor, on arrays
+    return _Classes(keys=keys, cls=cls, col=col, degree=np.where(mid, 2.0, 1.0), mid=mid,
+                    island=per_class(island.astype(float)).astype(np.int64), t_min=per_class(t_fl),
+                    nic=per_class(nic), scale_up=per_class(scale_up))
 
 
-def _step(x: float, hi: float, factor: float) -> int:
-    """The geometric step of ``x`` (a slack below ``hi`` or a side time): steps of ``factor``
+def _least(k: int, cls: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.full(k, np.inf)
+    np.minimum.at(out, cls, values)
+    return out
+
+
+def _class_links(p: PipelineProblem, cl: _Classes, tick_s: float) -> np.ndarray:
+    """The least link (ticks, rounded down) between a stage of class u and one of class v, either
+    way round: ``min over both directions d of latency_d + max(side_u(d), side_v(d), shared_d)``."""
+    k = len(cl.t_min)
+    c = np.full((k, k), np.inf)
+    on = {i: np.flatnonzero(cl.island == i) for i in set(cl.island.tolist())}
+    for i, ui in on.items():
+        for j, vj in on.items():
+            best = np.full((len(ui), len(vj)), np.inf)
+            for d in {(i, j), (j, i)}:
+                lk = p.links[d]
+                side = cl.scale_up if lk.scale_up else cl.nic
+                best = np.minimum(best, lk.latency_s + np.maximum(np.maximum(side[ui][:, None], side[vj][None, :]),
+                                                                  lk.shared_s))
+            c[np.ix_(ui, vj)] = best
+    return np.floor(c / tick_s + 1e-9)  # ticks.rounders' floor, on arrays
+
+
+def _steps(x: np.ndarray, hi: float, factor: float) -> np.ndarray:
+    """The geometric step of each ``x`` (a slack below ``hi`` or a side time): steps of ``factor``
     upwards from ``hi / 1000``, all smaller values in one."""
     floor = hi * 1e-3
-    return 0 if x <= floor else 1 + int(math.log(x / floor) / math.log(factor))
+    ratio = np.maximum(x, floor) / floor
+    return np.where(x <= floor, 0, 1 + np.floor(np.log(ratio) / math.log(factor))).astype(np.int64)
 
 
 __all__ = ["CLASS_MAX_EDGES", "CLASS_SIDE_FACTOR", "CLASS_SLACK_FACTOR", "NeighbourClasses", "add_neighbour_classes"]
