@@ -156,8 +156,14 @@ class OrderRows:
                 side_of: dict[int, float] = {}
                 for i in G:
                     on_i = [p.links[i, j] for j in G] + [p.links[j, i] for j in G]
+                    # a side is the NIC or the scale-up time by the link's kind: the least of
+                    # max(side, shared) over each kind's links, once per island and G
+                    least = {up: min((lk.shared_s for lk in on_i if lk.scale_up == up), default=None)
+                             for up in (False, True)}
                     for ci in {ci for _, ci, _, _ in cols[i]}:
-                        side_of[ci] = min(max(lk.side_s(cands[ci]), lk.shared_s) for lk in on_i)
+                        c = cands[ci]
+                        side_of[ci] = min(max(c.p2p_scale_up_s if up else c.p2p_nic_s, shared)
+                                          for up, shared in least.items() if shared is not None)
                 col = np.array([vi for vi, _, _, _ in members], dtype=np.int64)
                 t = np.array([tm for _, _, tm, _ in members])
                 side = np.array([side_of[ci] for _, ci, _, _ in members])
@@ -339,13 +345,16 @@ class OrderRows:
         partner = {"first": ("mid", "last"), "last": ("mid", "first")}
         mids_m: dict[int, float] = {}
         ends_m: dict[int, float] = {}
+        reach: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (role, island) -> its partners' (time, 2 c)
         for t, j, ends, ci in medium_stages:
             if not ends:
                 mids_m[ci] = 1.0
                 continue
-            alone = all(t + tm + 2 * cpair[j, i] > 2 * hi for (r, i), tm in fastest.items()
-                        if r in partner[role(ci, ends)])
-            ends_m[ci] = 1.0 if alone else -1.0
+            key = (role(ci, ends), j)
+            pairs = reach.get(key)
+            if pairs is None:
+                pairs = reach[key] = [(tm, 2 * cpair[j, i]) for (r, i), tm in fastest.items() if r in partner[key[0]]]
+            ends_m[ci] = 1.0 if all(t + tm + c2 > 2 * hi for tm, c2 in pairs) else -1.0
         if mids_m:
             # u = 1 as soon as a middle stage of M is used (integrality does the rest): one row
             # instead of one per type of M
