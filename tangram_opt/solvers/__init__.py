@@ -10,5 +10,5 @@ from tangram_opt.solvers.protocol import ProgressPoint, SolveOptions, SolveResul
 from tangram_opt.solvers.model import ArrayConstraint, Constraint, LinearModel, LinExpr, ModelStats, Var, lsum
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "ProgressPoint", "SolveOptions", "SolveResult", "SolveStatus",
-           "available_backends", "get_backend", "lp_relaxation_bound", "relative_gap", "solve_model", "ArrayConstraint", "Constraint", "LinearModel",
-           "LinExpr", "ModelStats", "Var", "lsum"]
+           "available_backends", "get_backend", "lp_relaxation_bound", "relative_gap", "solve_model", "ArrayConstraint",
+           "Constraint", "LinearModel", "LinExpr", "ModelStats", "Var", "lsum"]

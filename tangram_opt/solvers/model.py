@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import numpy as np
+
 Number = Union[int, float]
 
 
@@ -171,7 +173,8 @@ class Constraint:
 
 
 class ArrayConstraint:
-    """``lb <= sum(value[k] * x[index[k]]) <= ub`` held as two arrays (distinct column indices):
+    """``lb <= sum(value[k] * x[index[k]]) <= ub`` held as two arrays (distinct column indices, the
+    builder's to keep):
     the dense rows of a window's model, over every stage type, built from arrays and handed to an
     LP backend as they are (solvers/highs.py), where a coefficient dict per row cost more in Python
     than the simplex on them. ``coefs`` is the same row as a dict, built when first read, for
@@ -180,8 +183,6 @@ class ArrayConstraint:
     __slots__ = ("index", "value", "lb", "ub", "name", "_coefs")
 
     def __init__(self, index: Any, value: Any, lb: float, ub: float, name: str = ""):
-        import numpy as np
-
         self.index = np.asarray(index, dtype=np.int32)
         self.value = np.asarray(value, dtype=float)
         if self.index.shape != self.value.shape or self.index.ndim != 1:
@@ -194,9 +195,6 @@ class ArrayConstraint:
         if self._coefs is None:
             self._coefs = dict(zip(self.index.tolist(), self.value.tolist()))
         return self._coefs
-
-    def __len__(self) -> int:
-        return len(self.index)
 
 
 def row_length(row: Constraint | ArrayConstraint) -> int:
