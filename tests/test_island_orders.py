@@ -220,8 +220,6 @@ def test_a_dive_fixes_every_position_once_ends_first(stages):
     assert all(min(k, stages - 1 - k) <= min(j, stages - 1 - j) for a, k in enumerate(order) for j in order[a:])
 
 
-
-
 def test_a_dive_finds_the_best_plan_of_its_stage_count_and_leaves_its_model_as_it_was():
     # against the worst plan as cutoff nothing better is pruned: the dive visits every island
     # order with a plan below it, and the best of its leaves is the best plan of that many stages

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from tangram_opt.errors import SpecError
-from tangram_opt.solvers import (LinExpr, LinearModel, SolveOptions, SolveStatus, available_backends, get_backend,
-                                 lsum, relative_gap, solve_model)
+from tangram_opt.solvers import (ArrayConstraint, Constraint, LinExpr, LinearModel, SolveOptions, SolveStatus,
+                                 available_backends, get_backend, lsum, relative_gap, solve_model)
 
 BACKENDS = available_backends()
 
@@ -618,8 +618,6 @@ def _cover_model(rows_as_arrays: bool) -> LinearModel:
     of them with a zero coefficient, which ``add`` drops as it does in a dict row)."""
     import random
 
-    from tangram_opt.solvers import ArrayConstraint, Constraint
-
     rng = random.Random(11)
     md = LinearModel(name="arrays")
     xs = [md.add_var(f"x{i}", 0, rng.choice([1, 2, 5]), integer=True) for i in range(12)]
@@ -657,8 +655,6 @@ def test_array_rows_are_the_same_rows_to_every_backend(backend, tmp_path):
     assert (tmp_path / "plain.mps").read_text() == (tmp_path / "arrays.mps").read_text()
     # a fork converts only its new rows and keeps the parent's arrays (HiGHS's cache)
     child = arrays.fork()
-    from tangram_opt.solvers import ArrayConstraint
-
     child.add(ArrayConstraint([0, 5], [1.0, 1.0], 1.0, math.inf), "more")
     fresh = LinearModel(name="fresh", vars=child.vars, constraints=list(child.constraints))
     for a, b in zip(_rows(child, np), _rows(fresh, np)):
@@ -666,8 +662,6 @@ def test_array_rows_are_the_same_rows_to_every_backend(backend, tmp_path):
 
 
 def test_an_array_row_needs_one_index_per_value():
-    from tangram_opt.solvers import ArrayConstraint
-
     with pytest.raises(ValueError, match="one index per value"):
         ArrayConstraint([0, 1], [1.0], 0.0, 1.0)
 

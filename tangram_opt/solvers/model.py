@@ -174,10 +174,9 @@ class Constraint:
 
 class ArrayConstraint:
     """``lb <= sum(value[k] * x[index[k]]) <= ub`` held as two arrays (distinct column indices, the
-    builder's to keep):
-    the dense rows of a window's model, over every stage type, built from arrays and handed to an
-    LP backend as they are (solvers/highs.py), where a coefficient dict per row cost more in Python
-    than the simplex on them. ``coefs`` is the same row as a dict, built when first read, for
+    builder's to keep): the dense rows of a window's model, over every stage type, built from
+    arrays and handed to an LP backend as they are (solvers/highs.py), where a coefficient dict per
+    row cost more in Python than the simplex on them. ``coefs`` is the same row as a dict, built when first read, for
     every other consumer (MPS, the other backends, :meth:`LinearModel.check`)."""
 
     __slots__ = ("index", "value", "lb", "ub", "name", "_coefs")

@@ -181,14 +181,14 @@ def _classes(mip: AggregatedMIP, columns: Sequence[tuple[str, dict[int, Var]]], 
     cls = cls.reshape(-1)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))  # classes numbered by first column
-    cls = rank[cls]
+    cls, first = rank[cls], np.sort(first)
     k = len(first)
     per_class = lambda values: _least(k, cls, values)  # noqa: E731
     mid = np.fromiter((role == "mid" for role, _ in keys), bool, n)
     col = np.fromiter((var.index for _, group in columns for var in group.values()), np.int64, n)
     t_fl = np.floor(time_s / mip.options.tick_s + 1e-9)  # ticks.rounders' floor, on arrays
     return _Classes(keys=keys, cls=cls, col=col, degree=np.where(mid, 2.0, 1.0), mid=mid,
-                    island=per_class(island.astype(float)).astype(np.int64), t_min=per_class(t_fl),
+                    island=island[first], t_min=per_class(t_fl),
                     nic=per_class(nic), scale_up=per_class(scale_up))
 
 
